@@ -1,0 +1,29 @@
+"""Builds the Ray Serve application from a configuration: the import path of the Serve config
+files (`import_path: serve_app.app:build_app`, with the AppConfig as `args`)."""
+
+from ray.serve import Application
+
+from serve_app.config import AppConfig
+from serve_app.ingress import Ingress
+from serve_app.replica import ModelReplica
+
+
+def model_deployment_name(model_name: str) -> str:
+    return f"Model-{model_name}"
+
+
+def build_app(args: dict) -> Application:
+    config = AppConfig.model_validate(args)
+    replicas = {
+        model.name: ModelReplica.options(
+            name=model_deployment_name(model.name),
+            autoscaling_config=model.autoscaling_config,
+            ray_actor_options=model.ray_actor_options,
+            max_ongoing_requests=model.max_ongoing_requests,
+        ).bind(model)
+        for model in config.models
+    }
+    return Ingress.options(
+        autoscaling_config=config.ingress.autoscaling_config,
+        ray_actor_options=config.ingress.ray_actor_options,
+    ).bind(config, replicas)

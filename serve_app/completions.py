@@ -1,0 +1,250 @@
+"""/v1/completions: admission against a model's capabilities, then response shaping.
+
+Pure functions over plain data; the ingress deployment wires them to HTTP and the replicas.
+"""
+
+import time
+import uuid
+from dataclasses import dataclass
+from itertools import accumulate
+
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.errors import APIError, invalid
+from serve_app.protocol import CompletionRequest
+from serve_app.scoring import Completion, EngineRequest, EngineResult, PositionLogprobs
+from serve_app.vocabulary import Vocabulary
+
+NEG_INF_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM's convention
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    token_ids: list[int]
+    text: str
+
+
+def prompt_inputs(prompt: str | list, vocab: Vocabulary, max_batch_prompts: int) -> list[PromptInput]:
+    """One PromptInput per prompt of the request, tokenized or decoded."""
+    single = isinstance(prompt, str) or isinstance(prompt[0], int)
+    items = [prompt] if single else prompt
+    if len(items) > max_batch_prompts:
+        raise invalid("prompt", f"a batch holds at most {max_batch_prompts} prompts, "
+                      f"got {len(items)}", "batch_too_large")
+    return [to_prompt_input(item, index, vocab) for index, item in enumerate(items)]
+
+
+def to_prompt_input(item: str | list[int], index: int, vocab: Vocabulary) -> PromptInput:
+    if isinstance(item, str):
+        return PromptInput(vocab.encode(item), item)
+    outside = next((t for t in item if t >= vocab.size), None)
+    if outside is not None:
+        raise invalid("prompt", f"token id {outside} in {prompt_name(index)} is outside the "
+                      f"vocabulary (0 to {vocab.size - 1})", "invalid_token_id")
+    return PromptInput(list(item), vocab.decode(item))
+
+
+def prompt_name(index: int) -> str:
+    return f"prompt {index}" if index else "the prompt"
+
+
+def span_start(request: CompletionRequest) -> int | None:
+    """First prompt position whose logprobs go into `choices[i].logprobs`, or None."""
+    if request.logprob_start_len is not None:
+        return request.logprob_start_len
+    return 0 if request.echo and request.logprobs is not None else None
+
+
+def check_request(request: CompletionRequest, caps: Capabilities, ingress: IngressConfig) -> None:
+    """The checks that need the model's capabilities but not the prompt's tokens."""
+    cap = caps.max_logprobs
+    if request.logprobs is not None and request.logprobs > cap:
+        raise invalid("logprobs", f"logprobs must be an integer from 0 to {cap}, got {request.logprobs}")
+    if request.prompt_logprobs == -1:
+        raise APIError(400, "full_vocab_unavailable", "prompt_logprobs: -1 (the full vocabulary) "
+                       "is not served by this deployment yet; ask for a top-k up to "
+                       f"{cap}", "prompt_logprobs")
+    if request.prompt_logprobs is not None and request.prompt_logprobs > cap:
+        raise invalid("prompt_logprobs", f"prompt_logprobs must be -1 or an integer from 0 to {cap}, "
+                      f"got {request.prompt_logprobs}")
+    if request.n > ingress.max_n:
+        raise invalid("n", f"n must be an integer from 1 to {ingress.max_n}, got {request.n}")
+    if request.stream:
+        raise invalid("stream", "stream: true is not supported on /v1/completions yet; leave it out",
+                      "unsupported_parameter")
+
+
+def check_prompts(prompts: list[PromptInput], request: CompletionRequest, caps: Capabilities) -> None:
+    """The checks on the tokenized prompts."""
+    for index, prompt in enumerate(prompts):
+        check_prompt(prompt, prompt_name(index), request, caps)
+
+
+def check_prompt(prompt: PromptInput, where: str, request: CompletionRequest,
+                 caps: Capabilities) -> None:
+    length = len(prompt.token_ids)
+    if length == 0:
+        raise invalid("prompt", f"{where} is empty: it tokenizes to no tokens")
+    if length + request.max_tokens > caps.max_model_len:
+        raise invalid("max_tokens", f"{where} has {length} tokens and max_tokens is "
+                      f"{request.max_tokens}: together they exceed the model's context of "
+                      f"{caps.max_model_len} tokens", "context_length_exceeded")
+    start = request.logprob_start_len
+    if start is not None and start >= length:
+        raise invalid("logprob_start_len", f"logprob_start_len must be below the length of "
+                      f"{where} ({length} tokens), got {start}")
+    scored = scored_prompt_tokens(request, length)
+    if scored > caps.max_scored_tokens:
+        raise invalid("prompt", f"{where} asks to score {scored} tokens; the model scores at most "
+                      f"{caps.max_scored_tokens} per prompt (capabilities.max_scored_tokens)",
+                      "too_many_scored_tokens")
+
+
+def scored_prompt_tokens(request: CompletionRequest, length: int) -> int:
+    if request.prompt_logprobs is not None:
+        return length
+    start = span_start(request)
+    return 0 if start is None else length - start
+
+
+def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineRequest:
+    wanted = [request.prompt_logprobs]
+    if span_start(request) is not None:
+        wanted.append(request.logprobs or 0)
+    wanted = [k for k in wanted if k is not None]
+    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    return EngineRequest(
+        prompt_token_ids=prompt.token_ids,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        # vLLM refuses n > 1 when greedy: the n choices are the same one, made once.
+        n=1 if request.temperature == 0 else request.n,
+        seed=request.seed,
+        stop=stop,
+        logprobs=request.logprobs,
+        prompt_logprobs=max(wanted) if wanted else None,
+    )
+
+
+def finite(logprob: float) -> float:
+    return max(float(logprob), NEG_INF_LOGPROB)
+
+
+def top_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: Vocabulary) -> dict:
+    """{token text: logprob} of the top k, plus the actual token when it ranks lower."""
+    token_id, logprob, _ = entries.actual(position)
+    ids, logprobs, _ = entries.top(position, k)
+    top = {vocab.token(t): finite(lp) for t, lp in zip(ids.tolist(), logprobs.tolist())}
+    if token_id not in ids:
+        top[vocab.token(token_id)] = finite(logprob)
+    return top
+
+
+class LogprobsBuilder:
+    """Accumulates the OpenAI completions `logprobs` object, position by position."""
+
+    def __init__(self, vocab: Vocabulary, k: int | None):
+        self.vocab, self.k = vocab, k
+        self.text_offset, self.tokens, self.token_ids = [], [], []
+        self.token_logprobs, self.top_logprobs = [], []
+
+    def add(self, entries: PositionLogprobs, position: int, token_id: int, offset: int) -> None:
+        scored = entries.is_scored(position)
+        self.text_offset.append(offset)
+        self.tokens.append(self.vocab.token(token_id))
+        self.token_ids.append(token_id)
+        self.token_logprobs.append(finite(entries.actual(position)[1]) if scored else None)
+        if self.k is not None:
+            self.top_logprobs.append(
+                top_logprobs_at(entries, position, self.k, self.vocab) if scored else None)
+
+    def build(self) -> dict:
+        return {
+            "text_offset": self.text_offset,
+            "tokens": self.tokens,
+            "token_ids": self.token_ids,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs if self.k is not None else None,
+        }
+
+
+def code_point_offsets(strings: list[str], base: int = 0) -> list[int]:
+    return list(accumulate((len(s) for s in strings[:-1]), initial=base))
+
+
+def choice_logprobs(prompt: PromptInput, result: EngineResult, completion: Completion,
+                    request: CompletionRequest, vocab: Vocabulary) -> dict | None:
+    start = span_start(request)
+    builder = LogprobsBuilder(vocab, request.logprobs)
+    base = 0
+    if start is not None:
+        ids = prompt.token_ids
+        offsets = code_point_offsets([vocab.token(t) for t in ids])
+        for position in range(start, len(ids)):
+            builder.add(result.prompt_logprobs, position, ids[position], offsets[position])
+        base = len(prompt.text)
+    if request.logprobs is not None:
+        ids = completion.token_ids.tolist()
+        offsets = code_point_offsets([vocab.token(t) for t in ids], base)
+        for position, token_id in enumerate(ids):
+            builder.add(completion.logprobs, position, token_id, offsets[position])
+    return builder.build() if builder.tokens or request.logprobs is not None else None
+
+
+def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary) -> list:
+    """vLLM's shape: position 0 null, then {token id: {logprob, rank, decoded_token}}."""
+    return [prompt_logprobs_at(entries, p, k, vocab) if entries.is_scored(p) else None
+            for p in range(len(entries))]
+
+
+def prompt_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: Vocabulary) -> dict:
+    ids, logprobs, ranks = entries.top(position, k)
+    found = {str(t): {"logprob": finite(lp), "rank": r, "decoded_token": vocab.token(t)}
+             for t, lp, r in zip(ids.tolist(), logprobs.tolist(), ranks.tolist())}
+    token_id, logprob, rank = entries.actual(position)
+    found.setdefault(str(token_id), {"logprob": finite(logprob), "rank": rank,
+                                     "decoded_token": vocab.token(token_id)})
+    return found
+
+
+def choice(index: int, prompt: PromptInput, result: EngineResult, completion: Completion,
+           request: CompletionRequest, vocab: Vocabulary) -> dict:
+    body = {
+        "index": index,
+        "text": (prompt.text if request.echo else "") + completion.text,
+        "logprobs": choice_logprobs(prompt, result, completion, request, vocab),
+        "finish_reason": completion.finish_reason,
+    }
+    if request.prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs_list(result.prompt_logprobs,
+                                                       request.prompt_logprobs, vocab)
+    return body
+
+
+def choice_completions(result: EngineResult, n: int) -> list[Completion]:
+    """The n completions of one prompt; a greedy one was generated once for all n."""
+    return [result.completions[j % len(result.completions)] for j in range(n)]
+
+
+def completion_response(model: str, prompts: list[PromptInput], results: list[EngineResult],
+                        request: CompletionRequest, vocab: Vocabulary) -> dict:
+    per_prompt = [choice_completions(result, request.n) for result in results]
+    choices = [
+        choice(i * request.n + j, prompt, result, completion, request, vocab)
+        for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
+        for j, completion in enumerate(completions)
+    ]
+    prompt_tokens = sum(len(p.token_ids) for p in prompts)
+    completion_tokens = sum(len(c.token_ids) for completions in per_prompt for c in completions)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }

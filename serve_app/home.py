@@ -1,0 +1,40 @@
+"""The project's one cache directory, and the environment that keeps vLLM, torch and
+Hugging Face writing inside it."""
+
+import os
+from pathlib import Path
+
+
+def probserve_home() -> Path:
+    return Path(os.environ.get("PROBSERVE_HOME", Path.home() / ".cache" / "probserve"))
+
+
+def models_dir() -> Path:
+    return probserve_home() / "models"
+
+
+def cache_environment(home: Path) -> dict[str, str]:
+    """Variables that point every cache and socket the stack writes into `home`."""
+    return {
+        "PROBSERVE_HOME": str(home),
+        "VLLM_CACHE_ROOT": str(home / "vllm"),
+        "VLLM_RPC_BASE_PATH": str(home / "sockets"),
+        "TORCHINDUCTOR_CACHE_DIR": str(home / "torchinductor"),
+        "TRITON_CACHE_DIR": str(home / "triton"),
+        "HF_HOME": str(home / "huggingface"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TMPDIR": str(home / "tmp"),
+    }
+
+
+def apply_cache_environment() -> Path:
+    """Sets the cache variables in this process (children inherit them); returns the home."""
+    home = probserve_home()
+    env = cache_environment(home)
+    for folder in ("sockets", "tmp"):
+        (home / folder).mkdir(parents=True, exist_ok=True)
+    os.environ.update(env)
+    return home

@@ -1,0 +1,71 @@
+"""Runs the application on this machine: a local Ray cluster, Serve's HTTP proxy, the app."""
+
+import math
+import os
+import time
+
+import httpx
+
+from serve_app.config import AppConfig
+from serve_app.home import apply_cache_environment
+from serve_app.models import BUILDERS, prepare
+
+APP_NAME = "probserve"
+
+
+def logical_cpus(config: AppConfig) -> int:
+    """Ray schedules by declared CPUs: declare what the deployments ask for, at least the cores.
+
+    vLLM's engine processes are not Ray actors, so the real cores are shared anyway."""
+    def most(options: dict, autoscaling: dict) -> float:
+        return options.get("num_cpus", 1) * autoscaling.get("max_replicas", 1)
+
+    wanted = most(config.ingress.ray_actor_options, config.ingress.autoscaling_config)
+    wanted += sum(most(m.ray_actor_options, m.autoscaling_config) for m in config.models)
+    return max(os.cpu_count() or 1, math.ceil(wanted) + 1)
+
+
+def prepare_embedded_models(config: AppConfig) -> None:
+    for model in config.models:
+        if model.path is None and model.name in BUILDERS:
+            prepare(model.name)
+
+
+def start(args: dict, host: str = "127.0.0.1", port: int = 8000) -> str:
+    """Starts Ray, Serve and the app; returns the base URL once /health answers."""
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    config = AppConfig.model_validate(args)
+    home = apply_cache_environment()
+    prepare_embedded_models(config)
+    ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
+             _temp_dir=str(home / "ray"), configure_logging=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+    url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    wait_healthy(url)
+    return url
+
+
+def wait_healthy(url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=30).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()

@@ -1,0 +1,108 @@
+"""ModelReplica: one Ray Serve deployment per model, wrapping vLLM's AsyncLLM.
+
+Thin by design: it turns an EngineRequest into vLLM's SamplingParams and vLLM's flat
+log-probability lists into compact arrays (serve_app.scoring); all logic lives elsewhere.
+"""
+
+import os
+import uuid
+
+from ray import serve
+
+from serve_app.config import ModelConfig
+from serve_app.home import apply_cache_environment
+from serve_app.scoring import (Completion, EngineRequest, EngineResult, PositionLogprobs,
+                               token_array)
+
+WARM_UP = EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
+                        logprobs=1, prompt_logprobs=1)
+
+
+def prepare_process(model: ModelConfig) -> None:
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU memory and cores."""
+    apply_cache_environment()
+    # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(model.cpu_kv_cache_gib))
+    # By default vLLM keeps a core for itself; on small hosts inference needs them all.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def engine_args(model: ModelConfig):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=str(model.resolved_path()),
+        served_model_name=model.name,
+        dtype=model.dtype,
+        max_model_len=model.capabilities.max_model_len,
+        max_logprobs=-1,  # the ingress enforces the caps; -1 lets any top-k through
+        max_num_batched_tokens=model.max_num_batched_tokens,
+        enforce_eager=model.enforce_eager,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        disable_log_stats=True,
+    )
+
+
+def sampling_params(request: EngineRequest):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=request.n,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=request.stop or None,
+        logprobs=request.logprobs,
+        prompt_logprobs=request.prompt_logprobs,
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def compact(flat) -> PositionLogprobs | None:
+    if flat is None:
+        return None
+    return PositionLogprobs.from_flat(flat.start_indices, flat.end_indices, flat.token_ids,
+                                      flat.logprobs, flat.ranks)
+
+
+def engine_result(output) -> EngineResult:
+    completions = [
+        Completion(token_ids=token_array(c.token_ids), text=c.text,
+                   finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
+        for c in sorted(output.outputs, key=lambda c: c.index)
+    ]
+    return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
+                        prompt_logprobs=compact(output.prompt_logprobs), completions=completions)
+
+
+@serve.deployment
+class ModelReplica:
+    async def __init__(self, model: ModelConfig):
+        prepare_process(model)
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.model = model
+        self.engine = AsyncLLM.from_engine_args(engine_args(model))
+        # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
+        await self.generate(WARM_UP)
+
+    async def generate(self, request: EngineRequest) -> EngineResult:
+        from vllm.inputs import TokensPrompt
+
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        final = None
+        async for output in self.engine.generate(prompt, sampling_params(request),
+                                                 f"{self.model.name}-{uuid.uuid4().hex}"):
+            final = output
+        return engine_result(final)
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

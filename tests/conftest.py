@@ -1,0 +1,11 @@
+import pathlib
+
+import pytest
+
+E2E = pathlib.Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if E2E in pathlib.Path(item.fspath).parents:
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,50 @@
+"""The reference the service is checked against: a float32 transformers forward pass."""
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+TOLERANCE = 1e-4
+
+
+class Reference:
+    def __init__(self, path):
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+
+    @torch.no_grad()
+    def log_softmax(self, token_ids: list[int]) -> np.ndarray:
+        """[len(token_ids), vocab]: row i is the distribution after token_ids[: i + 1]."""
+        logits = self.model(torch.tensor([token_ids])).logits[0]
+        return torch.log_softmax(logits.float(), dim=-1).numpy()
+
+    def prompt_rows(self, token_ids: list[int]) -> np.ndarray:
+        """Row p is the distribution that predicted prompt token p (row 0 is NaN)."""
+        rows = self.log_softmax(token_ids)
+        return np.vstack([np.full((1, rows.shape[1]), np.nan), rows[:-1]])
+
+    def greedy(self, token_ids: list[int], count: int) -> list[int]:
+        ids = list(token_ids)
+        for _ in range(count):
+            ids.append(int(self.log_softmax(ids)[-1].argmax()))
+        return ids[len(token_ids):]
+
+
+def rank_bounds(row: np.ndarray, token_id: int) -> tuple[int, int]:
+    """The ranks `token_id` can have in `row`, allowing for float noise between engines."""
+    value = row[token_id]
+    return int((row > value + TOLERANCE).sum()) + 1, int((row >= value - TOLERANCE).sum())
+
+
+def assert_rank(row: np.ndarray, token_id: int, rank: int) -> None:
+    low, high = rank_bounds(row, token_id)
+    assert low <= rank <= high, f"token {token_id}: rank {rank}, reference {low}..{high}"
+
+
+def assert_top_k(row: np.ndarray, token_ids: list[int], logprobs: list[float], k: int) -> None:
+    """`token_ids` are a top-k of `row`, in order, with the reference's logprobs."""
+    assert len(token_ids) == k
+    np.testing.assert_allclose(logprobs, row[token_ids], atol=TOLERANCE)
+    kth = np.sort(row)[::-1][k - 1]
+    assert all(row[t] >= kth - TOLERANCE for t in token_ids)
+    assert list(logprobs) == sorted(logprobs, reverse=True)

@@ -1,0 +1,91 @@
+"""The Python examples of the API documents in ../shared/spec/, run with the official openai
+SDK. Each keeps its document's code; only the base URL and the model name are changed (the
+tokenizer name too, since a tokenizer is named by its model). The asserts check the values
+they print against the reference."""
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from serve_app.models import embedded_model_path
+from tests.e2e.conftest import MODEL
+from tests.e2e.reference import TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def client(base_url):
+    return OpenAI(base_url=f"{base_url}/v1", api_key="unused")
+
+
+def test_engy_score_a_span(client, reference, capsys):
+    # 000: "Score a span"
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path(MODEL))
+
+    prefix = "The capital of France is"
+    span = " Paris."
+
+    ids = tokenizer.encode(prefix + span)
+    span_len = len(tokenizer.encode(span, add_special_tokens=False))
+
+    response = client.completions.create(
+        model=MODEL,
+        prompt=ids,
+        max_tokens=1,
+        temperature=0,
+        extra_body={"logprob_start_len": len(ids) - span_len},
+    )
+
+    logprobs = response.choices[0].logprobs
+    print(sum(x for x in logprobs.token_logprobs if x is not None))
+
+    rows = reference.prompt_rows(ids)
+    expected = sum(rows[p][ids[p]] for p in range(len(ids) - span_len, len(ids)))
+    assert float(capsys.readouterr().out) == pytest.approx(expected, abs=TOLERANCE * span_len)
+    assert len(logprobs.token_logprobs) == span_len
+
+
+def test_acs_prompt_logprobs(client, reference, capsys):
+    # 002: "prompt_logprobs"
+    resp = client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=1,
+        extra_body={"prompt_logprobs": 5},
+    )
+
+    for i, choices in enumerate(resp.choices[0].prompt_logprobs[:3]):
+        if choices is None:
+            continue
+        print(f"position {i}:")
+        for token_id, info in choices.items():
+            print(f"  rank={info['rank']:>2}  logprob={info['logprob']:+.3f}  {info['decoded_token']!r}")
+
+    printed = capsys.readouterr().out
+    ids = reference.tokenizer.encode("The capital of France is")
+    rows = reference.prompt_rows(ids)
+    for position in (1, 2):
+        assert f"position {position}:" in printed
+        best = int(np.argmax(rows[position]))
+        assert f"rank= 1  logprob={rows[position][best]:+.3f}" in printed
+
+
+def test_acs_logprobs(client, reference, capsys):
+    # 003 and 004: "logprobs"
+    resp = client.completions.create(
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=1,
+        logprobs=5,
+    )
+    choice = resp.choices[0]
+    print(choice.text, choice.logprobs.top_logprobs[0])  # {' a': -1.74, ' Paris': -1.99, ...}
+
+    assert capsys.readouterr().out.strip()
+    row = reference.log_softmax(reference.tokenizer.encode("The capital of France is"))[-1]
+    top = choice.logprobs.top_logprobs[0]
+    assert len(top) in (5, 6)
+    np.testing.assert_allclose(sorted(top.values(), reverse=True)[:5], np.sort(row)[::-1][:5],
+                               atol=TOLERANCE)
+    assert choice.logprobs.text_offset == [0]

@@ -1,0 +1,177 @@
+import numpy as np
+import pytest
+
+from serve_app import completions
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.errors import APIError
+from serve_app.protocol import parse_completion_request
+from serve_app.scoring import Completion, EngineResult
+from tests.unit.fakes import CharVocabulary, positions
+
+VOCAB = CharVocabulary("abcdé€ xyz")
+CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8)
+INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
+
+
+def request(**fields):
+    return parse_completion_request({"model": "m", "prompt": "abc", **fields})
+
+
+def admit(**fields):
+    body = request(**fields)
+    completions.check_request(body, CAPS, INGRESS)
+    prompts = completions.prompt_inputs(body.prompt, VOCAB, INGRESS.max_batch_prompts)
+    completions.check_prompts(prompts, body, CAPS)
+    return body, prompts
+
+
+def refusal(**fields) -> APIError:
+    with pytest.raises(APIError) as caught:
+        admit(**fields)
+    return caught.value
+
+
+@pytest.mark.parametrize("fields, param, code", [
+    ({"logprobs": 6}, "logprobs", "invalid_request"),
+    ({"prompt_logprobs": 6}, "prompt_logprobs", "invalid_request"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs", "full_vocab_unavailable"),
+    ({"n": 3}, "n", "invalid_request"),
+    ({"stream": True}, "stream", "unsupported_parameter"),
+    ({"prompt": ["a", "b", "c", "d"]}, "prompt", "batch_too_large"),
+    ({"prompt": ""}, "prompt", "invalid_request"),
+    ({"prompt": [1, 10]}, "prompt", "invalid_token_id"),
+    ({"max_tokens": 30}, "max_tokens", "context_length_exceeded"),
+    ({"logprob_start_len": 3}, "logprob_start_len", "invalid_request"),
+    ({"prompt": "abcabcabc", "echo": True, "logprobs": 1}, "prompt", "too_many_scored_tokens"),
+    ({"prompt": "abcabcabc", "prompt_logprobs": 1}, "prompt", "too_many_scored_tokens"),
+])
+def test_refusals(fields, param, code):
+    error = refusal(**fields)
+    assert (error.status, error.param, error.code) == (400, param, code)
+
+
+def test_cap_is_named_in_the_message():
+    assert "from 0 to 5, got 6" in refusal(logprobs=6).message
+
+
+def test_a_span_within_the_cap_is_admitted():
+    admit(prompt="abcabcabc", logprob_start_len=2, logprobs=1)
+
+
+def test_batches_of_each_kind():
+    assert [p.token_ids for p in admit(prompt=["ab", [2, 3]])[1]] == [[0, 1], [2, 3]]
+    assert admit(prompt=[4, 5])[1][0].text == "é€"
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({}, None),
+    ({"logprobs": 3}, None),
+    ({"echo": True}, None),
+    ({"echo": True, "logprobs": 2}, 2),
+    ({"logprob_start_len": 1}, 0),
+    ({"logprob_start_len": 1, "logprobs": 4}, 4),
+    ({"prompt_logprobs": 3, "echo": True, "logprobs": 1}, 3),
+    ({"prompt_logprobs": 0}, 0),
+])
+def test_engine_prompt_top_k_covers_every_use(fields, expected):
+    body, (prompt,) = admit(**fields)
+    assert completions.engine_request(prompt, body).prompt_logprobs == expected
+
+
+def test_greedy_choices_are_generated_once():
+    body, (prompt,) = admit(n=2, temperature=0)
+    assert completions.engine_request(prompt, body).n == 1
+    response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
+    assert [c["index"] for c in response["choices"]] == [0, 1]
+    assert response["usage"]["completion_tokens"] == 4
+
+
+def test_stop_becomes_a_list():
+    body, (prompt,) = admit(stop="x")
+    assert completions.engine_request(prompt, body).stop == ["x"]
+
+
+PROMPT_ENTRIES = positions(
+    None,
+    [(1, -2.0, 3), (7, -0.5, 1), (8, -1.0, 2)],           # 'b' ranks 3rd: appended
+    [(2, -0.25, 1), (2, -0.25, 1), (0, -float("inf"), 2)],  # 'c' is the top token
+)
+GENERATED = Completion(
+    token_ids=np.array([4, 5], np.int32), text="é€", finish_reason="length",
+    logprobs=positions([(4, -0.5, 1), (4, -0.5, 1), (3, -3.0, 2)],
+                       [(5, -4.0, 9), (6, -0.1, 1), (7, -0.2, 2)]),
+)
+RESULT = EngineResult(prompt_token_ids=np.array([0, 1, 2], np.int32),
+                      prompt_logprobs=PROMPT_ENTRIES, completions=[GENERATED])
+
+
+def shape(**fields) -> dict:
+    body, prompts = admit(**fields)
+    return completions.completion_response("m", prompts, [RESULT], body, VOCAB)
+
+
+def test_logprobs_k_of_generated_tokens():
+    logprobs = shape(logprobs=1)["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["é", "€"]
+    assert logprobs["text_offset"] == [0, 1]
+    assert logprobs["token_logprobs"] == [-0.5, -4.0]
+    # k entries when the sampled token is among them, k + 1 when it is not
+    assert logprobs["top_logprobs"] == [{"é": -0.5}, {" ": pytest.approx(-0.1), "€": -4.0}]
+
+
+def test_logprobs_zero_is_the_sampled_token_only():
+    logprobs = shape(logprobs=0)["choices"][0]["logprobs"]
+    assert logprobs["top_logprobs"] == [{"é": -0.5}, {"€": -4.0}]
+
+
+def test_echo_scores_the_prompt_then_the_completion():
+    choice = shape(echo=True, logprobs=1)["choices"][0]
+    assert choice["text"] == "abcé€"
+    logprobs = choice["logprobs"]
+    assert logprobs["tokens"] == ["a", "b", "c", "é", "€"]
+    assert logprobs["token_logprobs"][:3] == [None, -2.0, -0.25]
+    assert logprobs["top_logprobs"][0] is None
+    assert logprobs["top_logprobs"][1] == {"x": -0.5, "b": -2.0}
+    assert logprobs["text_offset"] == [0, 1, 2, 3, 4]
+
+
+def test_echo_without_logprobs_has_none():
+    choice = shape(echo=True)["choices"][0]
+    assert choice["text"] == "abcé€" and choice["logprobs"] is None
+
+
+def test_span_scoring_returns_the_span_only():
+    logprobs = shape(logprob_start_len=1)["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["b", "c"]
+    assert logprobs["token_ids"] == [1, 2]
+    assert logprobs["token_logprobs"] == [-2.0, -0.25]
+    assert logprobs["text_offset"] == [1, 2]
+    assert logprobs["top_logprobs"] is None
+
+
+def test_prompt_logprobs_top_k_with_the_actual_token_appended():
+    prompt_logprobs = shape(prompt_logprobs=1)["choices"][0]["prompt_logprobs"]
+    assert prompt_logprobs[0] is None
+    assert prompt_logprobs[1] == {
+        "7": {"logprob": -0.5, "rank": 1, "decoded_token": "x"},
+        "1": {"logprob": -2.0, "rank": 3, "decoded_token": "b"},
+    }
+    assert prompt_logprobs[2] == {"2": {"logprob": -0.25, "rank": 1, "decoded_token": "c"}}
+
+
+def test_minus_infinity_becomes_minus_9999():
+    prompt_logprobs = shape(prompt_logprobs=2)["choices"][0]["prompt_logprobs"]
+    assert prompt_logprobs[2]["0"]["logprob"] == -9999.0
+
+
+def test_usage_and_choice_indices():
+    body, prompts = admit(prompt=["ab", "abc"], n=2)
+    double = EngineResult(RESULT.prompt_token_ids, None, [GENERATED, GENERATED])
+    response = completions.completion_response("m", prompts, [double, double], body, VOCAB)
+    assert [c["index"] for c in response["choices"]] == [0, 1, 2, 3]
+    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert response["object"] == "text_completion" and response["model"] == "m"
+
+
+def test_offsets_count_code_points():
+    assert completions.code_point_offsets(["é€", "a", "€"], base=2) == [2, 4, 5]
