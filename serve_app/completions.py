@@ -3,18 +3,23 @@
 Pure functions over plain data; the ingress deployment wires them to HTTP and the replicas.
 """
 
+import re
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 
+import orjson
+
 from serve_app.config import Capabilities, IngressConfig
-from serve_app.errors import APIError, invalid
+from serve_app.errors import invalid
+from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
 from serve_app.protocol import CompletionRequest
-from serve_app.scoring import Completion, EngineRequest, EngineResult, PositionLogprobs
+from serve_app.scoring import (NEG_INF_LOGPROB, Completion, EngineRequest, EngineResult,
+                               PositionLogprobs)
 from serve_app.vocabulary import Vocabulary
 
-NEG_INF_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM's convention
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,6 @@ def check_request(request: CompletionRequest, caps: Capabilities, ingress: Ingre
     cap = caps.max_logprobs
     if request.logprobs is not None and request.logprobs > cap:
         raise invalid("logprobs", f"logprobs must be an integer from 0 to {cap}, got {request.logprobs}")
-    if request.prompt_logprobs == -1:
-        raise APIError(400, "full_vocab_unavailable", "prompt_logprobs: -1 (the full vocabulary) "
-                       "is not served by this deployment yet; ask for a top-k up to "
-                       f"{cap}", "prompt_logprobs")
     if request.prompt_logprobs is not None and request.prompt_logprobs > cap:
         raise invalid("prompt_logprobs", f"prompt_logprobs must be -1 or an integer from 0 to {cap}, "
                       f"got {request.prompt_logprobs}")
@@ -88,6 +89,11 @@ def check_prompt(prompt: PromptInput, where: str, request: CompletionRequest,
         raise invalid("max_tokens", f"{where} has {length} tokens and max_tokens is "
                       f"{request.max_tokens}: together they exceed the model's context of "
                       f"{caps.max_model_len} tokens", "context_length_exceeded")
+    if request.prompt_logprobs == -1 and length > caps.full_vocab_max_prompt_tokens:
+        raise invalid("prompt", f"{where} has {length} tokens; prompt_logprobs: -1 (the full "
+                      f"vocabulary) takes at most {caps.full_vocab_max_prompt_tokens} "
+                      "(capabilities.full_vocab_max_prompt_tokens): use a top-k for longer prompts",
+                      "full_vocab_prompt_too_long")
     start = request.logprob_start_len
     if start is not None and start >= length:
         raise invalid("logprob_start_len", f"logprob_start_len must be below the length of "
@@ -106,11 +112,18 @@ def scored_prompt_tokens(request: CompletionRequest, length: int) -> int:
     return 0 if start is None else length - start
 
 
-def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineRequest:
+def engine_prompt_logprobs(request: CompletionRequest) -> int | None:
+    """The prompt top-k that serves both prompt_logprobs and the echoed or scored span."""
+    if request.prompt_logprobs == -1:
+        return -1
     wanted = [request.prompt_logprobs]
     if span_start(request) is not None:
         wanted.append(request.logprobs or 0)
     wanted = [k for k in wanted if k is not None]
+    return max(wanted) if wanted else None
+
+
+def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineRequest:
     stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
     return EngineRequest(
         prompt_token_ids=prompt.token_ids,
@@ -122,7 +135,7 @@ def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineReq
         seed=request.seed,
         stop=stop,
         logprobs=request.logprobs,
-        prompt_logprobs=max(wanted) if wanted else None,
+        prompt_logprobs=engine_prompt_logprobs(request),
     )
 
 
@@ -179,9 +192,10 @@ def choice_logprobs(prompt: PromptInput, result: EngineResult, completion: Compl
     base = 0
     if start is not None:
         ids = prompt.token_ids
+        entries = result.prompt_positions(request.logprobs or 0)
         offsets = code_point_offsets([vocab.token(t) for t in ids])
         for position in range(start, len(ids)):
-            builder.add(result.prompt_logprobs, position, ids[position], offsets[position])
+            builder.add(entries, position, ids[position], offsets[position])
         base = len(prompt.text)
     if request.logprobs is not None:
         ids = completion.token_ids.tolist()
@@ -207,15 +221,22 @@ def prompt_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: 
     return found
 
 
+def full_vocab_placeholder(nonce: str, prompt_index: int) -> str:
+    """Stands in a response for a prompt's full-vocabulary array until it is streamed."""
+    return f"full-vocab-{nonce}:{prompt_index}"
+
+
 def choice(index: int, prompt: PromptInput, result: EngineResult, completion: Completion,
-           request: CompletionRequest, vocab: Vocabulary) -> dict:
+           request: CompletionRequest, vocab: Vocabulary, nonce: str) -> dict:
     body = {
         "index": index,
         "text": (prompt.text if request.echo else "") + completion.text,
         "logprobs": choice_logprobs(prompt, result, completion, request, vocab),
         "finish_reason": completion.finish_reason,
     }
-    if request.prompt_logprobs is not None:
+    if request.prompt_logprobs == -1:
+        body["prompt_logprobs"] = full_vocab_placeholder(nonce, index // request.n)
+    elif request.prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs_list(result.prompt_logprobs,
                                                        request.prompt_logprobs, vocab)
     return body
@@ -229,15 +250,16 @@ def choice_completions(result: EngineResult, n: int) -> list[Completion]:
 def completion_response(model: str, prompts: list[PromptInput], results: list[EngineResult],
                         request: CompletionRequest, vocab: Vocabulary) -> dict:
     per_prompt = [choice_completions(result, request.n) for result in results]
+    nonce = uuid.uuid4().hex
     choices = [
-        choice(i * request.n + j, prompt, result, completion, request, vocab)
+        choice(i * request.n + j, prompt, result, completion, request, vocab, nonce)
         for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
         for j, completion in enumerate(completions)
     ]
     prompt_tokens = sum(len(p.token_ids) for p in prompts)
     completion_tokens = sum(len(c.token_ids) for completions in per_prompt for c in completions)
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
+        "id": f"cmpl-{nonce}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
@@ -248,3 +270,18 @@ def completion_response(model: str, prompts: list[PromptInput], results: list[En
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def streamed_body(response: dict, results: list[EngineResult],
+                  fragments: EntryFragments) -> Iterator[bytes]:
+    """The response's JSON with each full-vocabulary placeholder replaced by its array,
+    streamed in chunks: the arrays are far too big to hold as one body."""
+    text = orjson.dumps(response)
+    nonce = response["id"].removeprefix("cmpl-")
+    pattern = re.compile(rb'"full-vocab-%s:(\d+)"' % nonce.encode())
+    written = 0
+    for match in pattern.finditer(text):
+        yield text[written:match.start()]
+        yield from prompt_logprobs_json(results[int(match.group(1))].full_vocab, fragments)
+        written = match.end()
+    yield text[written:]

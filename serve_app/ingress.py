@@ -9,14 +9,16 @@ import time
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
 from serve_app import completions
+from serve_app.compression import accepts_gzip, gzip_chunks
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.errors import APIError, error_envelope
+from serve_app.full_vocab import EntryFragments
 from serve_app.protocol import parse_completion_request
 from serve_app.vocabulary import Vocabulary
 
@@ -56,6 +58,14 @@ async def json_object(request: Request) -> dict:
     return body
 
 
+def streaming_json(chunks, accept_encoding: str | None) -> StreamingResponse:
+    """A large body, sent as it is written; gzip when the client takes it."""
+    if not accepts_gzip(accept_encoding):
+        return StreamingResponse(chunks, media_type="application/json")
+    return StreamingResponse(gzip_chunks(chunks), media_type="application/json",
+                             headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+
+
 def model_card(model: ModelConfig, created: int) -> dict:
     return {
         "id": model.name,
@@ -74,6 +84,7 @@ class Ingress:
         self.config = config
         self.replicas = replicas
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
+        self.fragments = {name: EntryFragments(v.strings) for name, v in self.vocabularies.items()}
         self.created = int(time.time())
 
     def model(self, name: str) -> ModelConfig:
@@ -108,4 +119,8 @@ class Ingress:
         replica = self.replicas[model.name]
         results = await asyncio.gather(*(
             replica.generate.remote(completions.engine_request(p, body)) for p in prompts))
-        return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
+        response = completions.completion_response(model.name, prompts, results, body, vocab)
+        if body.prompt_logprobs != -1:
+            return json_response(response)
+        chunks = completions.streamed_body(response, results, self.fragments[model.name])
+        return streaming_json(chunks, request.headers.get("accept-encoding"))

@@ -7,15 +7,16 @@ log-probability lists into compact arrays (serve_app.scoring); all logic lives e
 import os
 import uuid
 
+import numpy as np
 from ray import serve
 
 from serve_app.config import ModelConfig
 from serve_app.home import apply_cache_environment
-from serve_app.scoring import (Completion, EngineRequest, EngineResult, PositionLogprobs,
-                               token_array)
+from serve_app.scoring import (Completion, EngineRequest, EngineResult, FullVocabRows,
+                               PositionLogprobs, token_array)
 
-WARM_UP = EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
-                        logprobs=1, prompt_logprobs=1)
+WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
+                         logprobs=1, prompt_logprobs=k) for k in (1, -1)]
 
 
 def prepare_process(model: ModelConfig) -> None:
@@ -61,6 +62,29 @@ def sampling_params(request: EngineRequest):
     )
 
 
+def keep_full_vocab_as_arrays() -> None:
+    """For prompt_logprobs -1, keep the engine core's sorted [positions, vocab] tensors as
+    arrays: vLLM's LogprobsProcessor would decode and box every entry (millions of them)."""
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+
+    per_entry = LogprobsProcessor._update_prompt_logprobs
+    if getattr(per_entry, "keeps_arrays", False):
+        return
+
+    def update_prompt_logprobs(self, tensors) -> None:
+        if self.num_prompt_logprobs != -1:
+            return per_entry(self, tensors)
+        token_ids, logprobs, *_ = tensors  # column 0 is the prompt token; then rank order
+        rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy())
+        if isinstance(self.prompt_logprobs, FullVocabRows):  # a later prefill chunk
+            rows = FullVocabRows(np.concatenate([self.prompt_logprobs.token_ids, rows.token_ids]),
+                                 np.concatenate([self.prompt_logprobs.logprobs, rows.logprobs]))
+        self.prompt_logprobs = rows
+
+    update_prompt_logprobs.keeps_arrays = True
+    LogprobsProcessor._update_prompt_logprobs = update_prompt_logprobs
+
+
 def compact(flat) -> PositionLogprobs | None:
     if flat is None:
         return None
@@ -74,8 +98,11 @@ def engine_result(output) -> EngineResult:
                    finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
         for c in sorted(output.outputs, key=lambda c: c.index)
     ]
+    prompt = output.prompt_logprobs
+    full_vocab = prompt if isinstance(prompt, FullVocabRows) else None
     return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
-                        prompt_logprobs=compact(output.prompt_logprobs), completions=completions)
+                        prompt_logprobs=None if full_vocab else compact(prompt),
+                        completions=completions, full_vocab=full_vocab)
 
 
 @serve.deployment
@@ -84,10 +111,12 @@ class ModelReplica:
         prepare_process(model)
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        keep_full_vocab_as_arrays()
         self.model = model
         self.engine = AsyncLLM.from_engine_args(engine_args(model))
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
-        await self.generate(WARM_UP)
+        for request in WARM_UP:
+            await self.generate(request)
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         from vllm.inputs import TokensPrompt

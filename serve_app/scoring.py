@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+NEG_INF_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM's convention
+
 
 def token_array(token_ids) -> np.ndarray:
     return np.asarray(token_ids, np.int32)
@@ -24,7 +26,7 @@ class EngineRequest:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = None  # top-k of each generated token
-    prompt_logprobs: int | None = None  # top-k of each prompt token
+    prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,31 @@ class PositionLogprobs:
 
 
 @dataclass(frozen=True)
+class FullVocabRows:
+    """Row r is the distribution that predicted prompt token r + 1, sorted by logprob:
+    `token_ids[r, j]` is the token of rank j + 1."""
+
+    token_ids: np.ndarray  # int32 [prompt tokens - 1, vocab]
+    logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
+
+    def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
+        """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
+        rows = len(self.token_ids)
+        actual = np.asarray(prompt_token_ids[1:], np.int32)
+        column = (self.token_ids == actual[:, None]).argmax(axis=1)
+        row_index = np.arange(rows)
+        width = k + 1
+        token_ids = np.empty((rows, width), np.int32)
+        logprobs = np.empty((rows, width), np.float32)
+        ranks = np.empty((rows, width), np.int64)
+        token_ids[:, 0], logprobs[:, 0], ranks[:, 0] = actual, self.logprobs[row_index, column], column + 1
+        token_ids[:, 1:], logprobs[:, 1:] = self.token_ids[:, :k], self.logprobs[:, :k]
+        ranks[:, 1:] = np.arange(1, k + 1)
+        offsets = np.concatenate([[0, 0], np.arange(1, rows + 1) * width]).astype(np.int64)
+        return PositionLogprobs(offsets, token_ids.ravel(), logprobs.ravel(), ranks.ravel())
+
+
+@dataclass(frozen=True)
 class Completion:
     token_ids: np.ndarray
     text: str
@@ -76,3 +103,12 @@ class EngineResult:
     prompt_token_ids: np.ndarray
     prompt_logprobs: PositionLogprobs | None
     completions: list[Completion]
+    # With prompt_logprobs -1: every token's logprob at every prompt position.
+    full_vocab: FullVocabRows | None = None
+
+    def prompt_positions(self, k: int) -> PositionLogprobs:
+        """The prompt's top-k entries, from whichever form the engine returned."""
+        if self.full_vocab is not None:
+            return self.full_vocab.top_k_positions(self.prompt_token_ids.tolist(), k)
+        return self.prompt_logprobs
+

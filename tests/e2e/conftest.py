@@ -12,11 +12,12 @@ from tests.e2e.reference import Reference
 MODEL = TINY
 MAX_LOGPROBS = 20
 MAX_MODEL_LEN = 512
+FULL_VOCAB_MAX = 128
 CONFIG = {
     "models": [{
         "name": MODEL,
         "capabilities": {"max_logprobs": MAX_LOGPROBS, "max_model_len": MAX_MODEL_LEN,
-                         "full_vocab_max_prompt_tokens": 64},
+                         "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX},
     }],
     "ingress": {"max_batch_prompts": 8, "max_n": 4},
 }

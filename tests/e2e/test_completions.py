@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
+from tests.e2e.conftest import FULL_VOCAB_MAX, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
 
 TEXT = "The capital of France is"
@@ -16,7 +16,7 @@ def test_models_reports_the_capabilities_validation_enforces(http):
     (card,) = body["data"]
     assert card["id"] == MODEL and card["object"] == "model"
     assert card["capabilities"] == {
-        "max_logprobs": MAX_LOGPROBS, "full_vocab_max_prompt_tokens": 64,
+        "max_logprobs": MAX_LOGPROBS, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
         "max_model_len": MAX_MODEL_LEN, "max_scored_tokens": MAX_MODEL_LEN,
     }
 

@@ -89,3 +89,32 @@ def test_acs_logprobs(client, reference, capsys):
     np.testing.assert_allclose(sorted(top.values(), reverse=True)[:5], np.sort(row)[::-1][:5],
                                atol=TOLERANCE)
     assert choice.logprobs.text_offset == [0]
+
+
+def test_acs_full_distribution_over_generated_text(client, reference):
+    # 002: "Full distribution over generated text" (`prompt` is left to the reader there)
+    prompt = "The capital of France is"
+
+    gen = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=64, seed=7
+    )
+    full_text = prompt + gen.choices[0].text
+
+    rescored = client.completions.create(
+        model=MODEL,
+        prompt=full_text,
+        max_tokens=1,
+        extra_body={"prompt_logprobs": -1},
+    )
+    # rescored.choices[0].prompt_logprobs[i] is now the full ~128k-entry
+    # distribution at position i — including every generated position.
+
+    ids = reference.tokenizer.encode(full_text)
+    rows = reference.prompt_rows(ids)
+    positions = rescored.choices[0].prompt_logprobs
+    assert len(positions) == len(ids)
+    for p in (1, len(ids) // 2, len(ids) - 1):
+        assert len(positions[p]) == rows.shape[1]
+        logprobs = {int(t): e["logprob"] for t, e in positions[p].items()}
+        some = list(logprobs)[::97]
+        np.testing.assert_allclose([logprobs[t] for t in some], rows[p][some], atol=TOLERANCE)

@@ -5,11 +5,15 @@ from serve_app import completions
 from serve_app.config import Capabilities, IngressConfig
 from serve_app.errors import APIError
 from serve_app.protocol import parse_completion_request
-from serve_app.scoring import Completion, EngineResult
+import orjson
+
+from serve_app.full_vocab import EntryFragments
+from serve_app.scoring import Completion, EngineResult, FullVocabRows
 from tests.unit.fakes import CharVocabulary, positions
 
 VOCAB = CharVocabulary("abcdé€ xyz")
-CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8)
+CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8,
+                    full_vocab_max_prompt_tokens=4)
 INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
 
 
@@ -34,7 +38,7 @@ def refusal(**fields) -> APIError:
 @pytest.mark.parametrize("fields, param, code", [
     ({"logprobs": 6}, "logprobs", "invalid_request"),
     ({"prompt_logprobs": 6}, "prompt_logprobs", "invalid_request"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs", "full_vocab_unavailable"),
+    ({"prompt": "abcab", "prompt_logprobs": -1}, "prompt", "full_vocab_prompt_too_long"),
     ({"n": 3}, "n", "invalid_request"),
     ({"stream": True}, "stream", "unsupported_parameter"),
     ({"prompt": ["a", "b", "c", "d"]}, "prompt", "batch_too_large"),
@@ -72,6 +76,7 @@ def test_batches_of_each_kind():
     ({"logprob_start_len": 1, "logprobs": 4}, 4),
     ({"prompt_logprobs": 3, "echo": True, "logprobs": 1}, 3),
     ({"prompt_logprobs": 0}, 0),
+    ({"prompt_logprobs": -1, "echo": True, "logprobs": 3}, -1),
 ])
 def test_engine_prompt_top_k_covers_every_use(fields, expected):
     body, (prompt,) = admit(**fields)
@@ -175,3 +180,26 @@ def test_usage_and_choice_indices():
 
 def test_offsets_count_code_points():
     assert completions.code_point_offsets(["é€", "a", "€"], base=2) == [2, 4, 5]
+
+
+def test_full_vocab_arrays_are_streamed_into_the_body():
+    body, prompts = admit(prompt=["abc", "ab"], prompt_logprobs=-1, echo=True, logprobs=1, n=2)
+    results = []
+    for prompt in prompts:
+        rows = len(prompt.token_ids) - 1
+        order = np.tile(np.arange(VOCAB.size, dtype=np.int32), (rows, 1))
+        logprobs = np.tile(-np.arange(VOCAB.size, dtype=np.float32) - 1, (rows, 1))
+        results.append(EngineResult(np.array(prompt.token_ids, np.int32), None, [GENERATED],
+                                    FullVocabRows(order, logprobs)))
+    response = completions.completion_response("m", prompts, results, body, VOCAB)
+    chunks = completions.streamed_body(response, results, EntryFragments(VOCAB.strings))
+    parsed = orjson.loads(b"".join(chunks))
+    assert len(parsed["choices"]) == 4
+    first, third = parsed["choices"][0], parsed["choices"][2]
+    assert len(first["prompt_logprobs"]) == 3 and len(third["prompt_logprobs"]) == 2
+    assert first["prompt_logprobs"][0] is None
+    assert first["prompt_logprobs"][2]["2"] == {"logprob": -3.0, "rank": 3, "decoded_token": "c"}
+    assert len(first["prompt_logprobs"][1]) == VOCAB.size
+    # echo's logprobs come from the same arrays: 'b' ranks second, the top-1 is 'a'
+    assert first["logprobs"]["token_logprobs"][:3] == [None, -2.0, -3.0]
+    assert first["logprobs"]["top_logprobs"][1] == {"a": -1.0, "b": -2.0}

@@ -1,0 +1,78 @@
+"""prompt_logprobs: -1, the whole distribution at every prompt position, streamed."""
+
+import gzip
+
+import numpy as np
+import orjson
+import pytest
+
+from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL
+from tests.e2e.reference import TOLERANCE, assert_rank
+
+TEXT = "The capital of France is"
+
+
+def full_vocab(http, prompt, encoding="gzip", **fields):
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": -1, **fields}
+    with http.stream("POST", "/v1/completions", json=body,
+                     headers={"accept-encoding": encoding}) as response:
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200, raw[:500]
+    return response, raw
+
+
+def test_every_position_is_the_whole_distribution(http, reference):
+    response, raw = full_vocab(http, TEXT)
+    assert response.headers["content-encoding"] == "gzip"
+    body = orjson.loads(gzip.decompress(raw))
+    ids = reference.tokenizer.encode(TEXT)
+    rows = reference.prompt_rows(ids)
+    positions = body["choices"][0]["prompt_logprobs"]
+    assert len(positions) == len(ids) and positions[0] is None
+    for p in range(1, len(ids)):
+        entries = positions[p]
+        assert len(entries) == rows.shape[1]
+        token_ids = np.array([int(t) for t in entries])
+        logprobs = np.array([e["logprob"] for e in entries.values()])
+        ranks = [e["rank"] for e in entries.values()]
+        assert sorted(token_ids.tolist()) == list(range(rows.shape[1]))
+        np.testing.assert_allclose(logprobs, rows[p][token_ids], atol=TOLERANCE)
+        assert ranks == list(range(1, len(ranks) + 1))
+        assert_rank(rows[p], ids[p], entries[str(ids[p])]["rank"])
+        assert entries[str(ids[p])]["decoded_token"] == reference.tokenizer.decode([ids[p]])
+
+
+def test_plain_body_without_gzip(http):
+    response, raw = full_vocab(http, [5, 6, 7], encoding="identity")
+    assert "content-encoding" not in response.headers
+    positions = orjson.loads(raw)["choices"][0]["prompt_logprobs"]
+    assert positions[0] is None and len(positions) == 3
+
+
+def test_batch_n_and_echo_share_the_arrays(http, reference):
+    _, raw = full_vocab(http, [TEXT, "x = 1"], echo=True, logprobs=2, n=2, temperature=0)
+    choices = orjson.loads(gzip.decompress(raw))["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for choice, prompt in zip(choices, [TEXT, TEXT, "x = 1", "x = 1"]):
+        ids = reference.tokenizer.encode(prompt)
+        rows = reference.prompt_rows(ids)
+        assert len(choice["prompt_logprobs"]) == len(ids)
+        echoed = choice["logprobs"]["token_logprobs"][1:len(ids)]
+        np.testing.assert_allclose(echoed, [rows[p][ids[p]] for p in range(1, len(ids))],
+                                   atol=TOLERANCE)
+
+
+def test_the_cap_on_prompt_length(http):
+    too_long = list(range(1, FULL_VOCAB_MAX + 2))
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": too_long,
+                                                  "max_tokens": 1, "prompt_logprobs": -1})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("full_vocab_prompt_too_long", "prompt")
+    assert str(FULL_VOCAB_MAX) in error["message"]
+    full_vocab(http, too_long[:FULL_VOCAB_MAX])
+
+
+def test_completion_logprobs_cannot_be_minus_one(http):
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": TEXT, "logprobs": -1})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"

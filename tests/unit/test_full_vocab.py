@@ -1,0 +1,62 @@
+import numpy as np
+import orjson
+import pytest
+
+from serve_app.full_vocab import EntryFragments, position_json, prompt_logprobs_json
+from serve_app.scoring import FullVocabRows
+
+TOKENS = ["a", " b", '"q"', "\\", "é€", "", "\n", "z"]
+
+
+def sorted_rows(seed: int, rows: int) -> FullVocabRows:
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, (rows, len(TOKENS))).astype(np.float32)
+    logprobs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    order = np.argsort(-logprobs, axis=1, kind="stable")
+    return FullVocabRows(order.astype(np.int32), np.take_along_axis(logprobs, order, axis=1))
+
+
+def naive(token_ids, logprobs) -> dict:
+    return {str(t): {"logprob": max(float(lp), -9999.0), "rank": r + 1, "decoded_token": TOKENS[t]}
+            for r, (t, lp) in enumerate(zip(token_ids.tolist(), logprobs.tolist()))}
+
+
+def test_a_position_is_the_json_of_its_entries_in_rank_order():
+    rows = sorted_rows(0, 1)
+    text = position_json(rows.token_ids[0], rows.logprobs[0], EntryFragments(TOKENS))
+    parsed = orjson.loads(text)
+    expected = naive(rows.token_ids[0], rows.logprobs[0])
+    assert list(parsed) == list(expected)
+    for key, entry in expected.items():
+        assert parsed[key]["rank"] == entry["rank"]
+        assert parsed[key]["decoded_token"] == entry["decoded_token"]
+        assert parsed[key]["logprob"] == pytest.approx(entry["logprob"], rel=1e-6)
+
+
+def test_minus_infinity_is_written_as_minus_9999():
+    token_ids = np.arange(len(TOKENS), dtype=np.int32)
+    logprobs = np.array([0.0] + [-np.inf] * (len(TOKENS) - 1), np.float32)
+    parsed = orjson.loads(position_json(token_ids, logprobs, EntryFragments(TOKENS)))
+    assert parsed["7"]["logprob"] == -9999.0
+
+
+def test_prompt_logprobs_array_starts_with_null(monkeypatch):
+    monkeypatch.setattr("serve_app.full_vocab.ROWS_PER_CHUNK_BYTES", 100)
+    rows = sorted_rows(1, 5)
+    chunks = list(prompt_logprobs_json(rows, EntryFragments(TOKENS)))
+    assert len(chunks) > 2
+    parsed = orjson.loads(b"".join(chunks))
+    assert parsed[0] is None and len(parsed) == 6
+    assert [int(k) for k in parsed[3]] == rows.token_ids[2].tolist()
+
+
+def test_top_k_view_matches_the_top_k_path():
+    rows = sorted_rows(2, 3)
+    prompt = [0, int(rows.token_ids[0, 5]), int(rows.token_ids[1, 0]), int(rows.token_ids[2, 1])]
+    view = rows.top_k_positions(prompt, k=2)
+    assert len(view) == 4 and not view.is_scored(0)
+    assert view.actual(1)[0] == prompt[1] and view.actual(1)[2] == 6
+    assert view.actual(2)[2] == 1 and view.actual(3)[2] == 2
+    assert view.actual(1)[1] == pytest.approx(float(rows.logprobs[0, 5]))
+    ids, _, ranks = view.top(3, 2)
+    assert ids.tolist() == rows.token_ids[2, :2].tolist() and ranks.tolist() == [1, 2]
