@@ -15,7 +15,7 @@ import orjson
 from serve_app.config import Capabilities, IngressConfig
 from serve_app.errors import invalid
 from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
-from serve_app.protocol import CompletionRequest
+from serve_app.protocol import CompletionRequest, completion_rules, field_error
 from serve_app.scoring import (NEG_INF_LOGPROB, Completion, EngineRequest, EngineResult,
                                PositionLogprobs)
 from serve_app.vocabulary import Vocabulary
@@ -59,19 +59,56 @@ def span_start(request: CompletionRequest) -> int | None:
     return 0 if request.echo and request.logprobs is not None else None
 
 
+def rules(caps: Capabilities | None, ingress: IngressConfig) -> dict[str, str]:
+    """The field rules of /v1/completions for a model (None: the model is not known yet)."""
+    return completion_rules(caps.max_logprobs if caps else "capabilities.max_logprobs",
+                            ingress.max_n)
+
+
 def check_request(request: CompletionRequest, caps: Capabilities, ingress: IngressConfig) -> None:
     """The checks that need the model's capabilities but not the prompt's tokens."""
-    cap = caps.max_logprobs
-    if request.logprobs is not None and request.logprobs > cap:
-        raise invalid("logprobs", f"logprobs must be an integer from 0 to {cap}, got {request.logprobs}")
-    if request.prompt_logprobs is not None and request.prompt_logprobs > cap:
-        raise invalid("prompt_logprobs", f"prompt_logprobs must be -1 or an integer from 0 to {cap}, "
-                      f"got {request.prompt_logprobs}")
+    allowed = rules(caps, ingress)
+    if request.logprobs is not None and request.logprobs > caps.max_logprobs:
+        raise field_error("logprobs", allowed, request.logprobs)
+    if request.prompt_logprobs is not None and request.prompt_logprobs > caps.max_logprobs:
+        raise field_error("prompt_logprobs", allowed, request.prompt_logprobs)
     if request.n > ingress.max_n:
-        raise invalid("n", f"n must be an integer from 1 to {ingress.max_n}, got {request.n}")
-    if request.stream:
-        raise invalid("stream", "stream: true is not supported on /v1/completions yet; leave it out",
+        raise field_error("n", allowed, request.n)
+    check_streaming(request)
+    if request.best_of not in (None, request.n):
+        raise invalid("best_of", f"best_of must be absent or equal to n ({request.n}), got "
+                      f"{request.best_of}: choosing the best of several samples is not supported",
                       "unsupported_parameter")
+    if request.suffix:
+        raise invalid("suffix", "suffix must be absent or empty: insertion is not supported",
+                      "unsupported_parameter")
+
+
+def check_streaming(request: CompletionRequest) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise invalid("stream_options", "stream_options needs stream: true", "invalid_combination")
+    if not request.stream:
+        return
+    scoring = {"echo": request.echo, "prompt_logprobs": request.prompt_logprobs is not None,
+               "logprob_start_len": request.logprob_start_len is not None}
+    for field, asked in scoring.items():
+        if asked:
+            raise invalid("stream", f"stream: true cannot be combined with {field}: prompt "
+                          "scores come in one response; leave stream out", "invalid_combination")
+
+
+def logit_bias(request: CompletionRequest, vocab_size: int) -> dict[int, float] | None:
+    """logit_bias with its keys checked and turned into token ids."""
+    if not request.logit_bias:
+        return None
+    bias = {}
+    for key, value in request.logit_bias.items():
+        token_id = int(key) if key.isascii() and key.isdecimal() else -1
+        if not 0 <= token_id < vocab_size:
+            raise invalid("logit_bias", f"logit_bias keys must be token ids from 0 to "
+                          f"{vocab_size - 1} written as strings, got {key!r}", "invalid_token_id")
+        bias[token_id] = value
+    return bias
 
 
 def check_prompts(prompts: list[PromptInput], request: CompletionRequest, caps: Capabilities) -> None:
@@ -123,8 +160,10 @@ def engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     return max(wanted) if wanted else None
 
 
-def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineRequest:
-    stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+def engine_request(prompt: PromptInput, request: CompletionRequest,
+                   bias: dict[int, float] | None = None) -> EngineRequest:
+    stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    stop = [s for s in stops if s]  # an empty stop string stops nothing
     return EngineRequest(
         prompt_token_ids=prompt.token_ids,
         max_tokens=request.max_tokens,
@@ -134,6 +173,9 @@ def engine_request(prompt: PromptInput, request: CompletionRequest) -> EngineReq
         n=1 if request.temperature == 0 else request.n,
         seed=request.seed,
         stop=stop,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=bias,
         logprobs=request.logprobs,
         prompt_logprobs=engine_prompt_logprobs(request),
     )
@@ -198,11 +240,17 @@ def choice_logprobs(prompt: PromptInput, result: EngineResult, completion: Compl
             builder.add(entries, position, ids[position], offsets[position])
         base = len(prompt.text)
     if request.logprobs is not None:
-        ids = completion.token_ids.tolist()
-        offsets = code_point_offsets([vocab.token(t) for t in ids], base)
-        for position, token_id in enumerate(ids):
-            builder.add(completion.logprobs, position, token_id, offsets[position])
+        add_generated(builder, completion, base)
     return builder.build() if builder.tokens or request.logprobs is not None else None
+
+
+def add_generated(builder: LogprobsBuilder, completion: Completion, base: int) -> int:
+    """Adds the generated tokens from text offset `base`; returns the offset after them."""
+    ids = completion.token_ids.tolist()
+    strings = [builder.vocab.token(t) for t in ids]
+    for position, (token_id, offset) in enumerate(zip(ids, code_point_offsets(strings, base))):
+        builder.add(completion.logprobs, position, token_id, offset)
+    return base + sum(map(len, strings))
 
 
 def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary) -> list:

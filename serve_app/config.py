@@ -59,6 +59,7 @@ class ModelConfig(Strict):
 
 
 class IngressConfig(Strict):
+    max_body_bytes: int = Field(16 << 20, ge=1024)
     max_batch_prompts: int = Field(64, ge=1)
     max_n: int = Field(16, ge=1)
     autoscaling_config: dict[str, Any] = {"min_replicas": 1, "max_replicas": 1}

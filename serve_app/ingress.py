@@ -4,7 +4,9 @@ Nothing invalid reaches a model replica: every check runs here, before any repli
 """
 
 import asyncio
+import logging
 import time
+from collections.abc import AsyncIterator
 
 import orjson
 from fastapi import FastAPI, Request
@@ -19,10 +21,14 @@ from serve_app.compression import accepts_gzip, gzip_chunks
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.errors import APIError, error_envelope
 from serve_app.full_vocab import EntryFragments
-from serve_app.protocol import parse_completion_request
+from serve_app.openapi import install_openapi
+from serve_app.protocol import CompletionRequest, parse_request
+from serve_app.streaming import CompletionStream, error_event
 from serve_app.vocabulary import Vocabulary
 
+logger = logging.getLogger("probserve.ingress")
 app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible")
+install_openapi(app)
 
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -48,13 +54,51 @@ async def validation_error(_: Request, error: RequestValidationError) -> Respons
     return json_response(error_envelope(400, "invalid_request", str(error)), 400)
 
 
-async def json_object(request: Request) -> dict:
+@app.exception_handler(Exception)
+async def internal_error(request: Request, error: Exception) -> Response:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path)
+    message = f"internal error ({type(error).__name__}); the request was not completed"
+    return json_response(error_envelope(500, "internal_error", message), 500)
+
+
+def is_json(content_type: str | None) -> bool:
+    """application/json, with or without parameters; a missing header is taken as JSON."""
+    if content_type is None:
+        return True
+    return content_type.split(";")[0].strip().lower() == "application/json"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, read as it arrives and refused once past `limit` bytes."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int) -> APIError:
+    return APIError(413, "request_too_large", f"the body has at least {size} bytes; "
+                    f"this service takes at most {limit}")
+
+
+async def json_object(request: Request, limit: int) -> dict:
+    content_type = request.headers.get("content-type")
+    if not is_json(content_type):
+        raise APIError(415, "unsupported_media_type",
+                       f"Content-Type must be application/json, got {content_type!r}")
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(await read_body(request, limit))
     except orjson.JSONDecodeError as error:
         raise APIError(400, "invalid_json", f"the body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
-        raise APIError(400, "invalid_request", "the body must be a JSON object")
+        raise APIError(400, "invalid_request",
+                       f"the body must be a JSON object, got {type(body).__name__}")
     return body
 
 
@@ -110,17 +154,55 @@ class Ingress:
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        body = parse_completion_request(await json_object(request))
+        raw = await json_object(request, self.config.ingress.max_body_bytes)
+        named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
+        rules = completions.rules(named.capabilities if named else None, self.config.ingress)
+        body = parse_request(CompletionRequest, raw, rules)
         model = self.model(body.model)
         caps, vocab = model.capabilities, self.vocabularies[model.name]
         completions.check_request(body, caps, self.config.ingress)
+        bias = completions.logit_bias(body, vocab.size)
         prompts = completions.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
         completions.check_prompts(prompts, body, caps)
+        engine_requests = [completions.engine_request(p, body, bias) for p in prompts]
         replica = self.replicas[model.name]
-        results = await asyncio.gather(*(
-            replica.generate.remote(completions.engine_request(p, body)) for p in prompts))
+        if body.stream:
+            stream = CompletionStream(model.name, body, prompts, vocab)
+            return StreamingResponse(self.events(replica, engine_requests, stream),
+                                     media_type="text/event-stream")
+        results = await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
         response = completions.completion_response(model.name, prompts, results, body, vocab)
         if body.prompt_logprobs != -1:
             return json_response(response)
         chunks = completions.streamed_body(response, results, self.fragments[model.name])
         return streaming_json(chunks, request.headers.get("accept-encoding"))
+
+    async def events(self, replica: DeploymentHandle, engine_requests: list,
+                     stream: CompletionStream) -> AsyncIterator[bytes]:
+        """Every prompt's deltas as they come, merged into one event stream."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(prompt_index: int, engine_request) -> None:
+            async for delta in replica.options(stream=True).generate_stream.remote(engine_request):
+                await queue.put((prompt_index, delta))
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(engine_requests)]
+        done = asyncio.gather(*tasks)
+        try:
+            while not (done.done() and queue.empty()):
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
+                if getter.done():
+                    for chunk in stream.events(*getter.result()):
+                        yield chunk
+                else:
+                    getter.cancel()
+            done.result()
+        except Exception as error:  # the response has started: report in the stream
+            logger.exception("stream failed")
+            yield error_event(error_envelope(500, "internal_error", f"the stream failed: {error}"))
+        finally:
+            for task in tasks:
+                task.cancel()
+        for chunk in stream.closing_events():
+            yield chunk

@@ -31,8 +31,11 @@ def prepare_embedded_models(config: AppConfig) -> None:
             prepare(model.name)
 
 
-def start(args: dict, host: str = "127.0.0.1", port: int = 8000) -> str:
-    """Starts Ray, Serve and the app; returns the base URL once /health answers."""
+def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: bool = True) -> str:
+    """Starts Ray, Serve and the app; returns the base URL once /health answers.
+
+    Without log_to_driver, the replicas' logs stay in Ray's session folder under
+    PROBSERVE_HOME/ray instead of this process's output."""
     import ray
     from ray import serve
 
@@ -42,7 +45,7 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000) -> str:
     home = apply_cache_environment()
     prepare_embedded_models(config)
     ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
-             _temp_dir=str(home / "ray"), configure_logging=False)
+             _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"

@@ -44,7 +44,7 @@ def engine_args(model: ModelConfig):
     )
 
 
-def sampling_params(request: EngineRequest):
+def sampling_params(request: EngineRequest, stream: bool = False):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -55,10 +55,13 @@ def sampling_params(request: EngineRequest):
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop or None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=request.logit_bias,
         logprobs=request.logprobs,
         prompt_logprobs=request.prompt_logprobs,
         flat_logprobs=True,
-        output_kind=RequestOutputKind.FINAL_ONLY,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
 
 
@@ -94,7 +97,7 @@ def compact(flat) -> PositionLogprobs | None:
 
 def engine_result(output) -> EngineResult:
     completions = [
-        Completion(token_ids=token_array(c.token_ids), text=c.text,
+        Completion(index=c.index, token_ids=token_array(c.token_ids), text=c.text,
                    finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
         for c in sorted(output.outputs, key=lambda c: c.index)
     ]
@@ -113,20 +116,35 @@ class ModelReplica:
 
         keep_full_vocab_as_arrays()
         self.model = model
+        self.requests_received = 0
         self.engine = AsyncLLM.from_engine_args(engine_args(model))
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
         for request in WARM_UP:
             await self.generate(request)
 
-    async def generate(self, request: EngineRequest) -> EngineResult:
+    def outputs(self, request: EngineRequest, stream: bool):
         from vllm.inputs import TokensPrompt
 
+        self.requests_received += 1
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        return self.engine.generate(prompt, sampling_params(request, stream),
+                                    f"{self.model.name}-{uuid.uuid4().hex}")
+
+    async def generate(self, request: EngineRequest) -> EngineResult:
         final = None
-        async for output in self.engine.generate(prompt, sampling_params(request),
-                                                 f"{self.model.name}-{uuid.uuid4().hex}"):
+        async for output in self.outputs(request, stream=False):
             final = output
         return engine_result(final)
+
+    async def generate_stream(self, request: EngineRequest):
+        """Yields what each engine step adds, as EngineResults of the new tokens only."""
+        async for output in self.outputs(request, stream=True):
+            yield engine_result(output)
+
+    def request_count(self) -> int:
+        """Engine requests this replica has received (warm-up included): a test signal that
+        invalid requests never get here."""
+        return self.requests_received
 
     async def check_health(self) -> None:
         await self.engine.check_health()

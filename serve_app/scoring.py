@@ -25,6 +25,9 @@ class EngineRequest:
     n: int = 1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # top-k of each generated token
     prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
 
@@ -92,6 +95,7 @@ class FullVocabRows:
 
 @dataclass(frozen=True)
 class Completion:
+    index: int  # which of the request's n samples
     token_ids: np.ndarray
     text: str
     finish_reason: str | None

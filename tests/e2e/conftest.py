@@ -13,11 +13,12 @@ MODEL = TINY
 MAX_LOGPROBS = 20
 MAX_MODEL_LEN = 512
 FULL_VOCAB_MAX = 128
+MAX_SCORED = 256
 CONFIG = {
     "models": [{
         "name": MODEL,
         "capabilities": {"max_logprobs": MAX_LOGPROBS, "max_model_len": MAX_MODEL_LEN,
-                         "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX},
+                         "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX, "max_scored_tokens": MAX_SCORED},
     }],
     "ingress": {"max_batch_prompts": 8, "max_n": 4},
 }
@@ -31,7 +32,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def base_url():
-    url = local.start(CONFIG, port=free_port())
+    url = local.start(CONFIG, port=free_port(), log_to_driver=False)
     yield url
     local.stop()
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import FULL_VOCAB_MAX, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
+from tests.e2e.conftest import FULL_VOCAB_MAX, MAX_LOGPROBS, MAX_MODEL_LEN, MAX_SCORED, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
 
 TEXT = "The capital of France is"
@@ -17,7 +17,7 @@ def test_models_reports_the_capabilities_validation_enforces(http):
     assert card["id"] == MODEL and card["object"] == "model"
     assert card["capabilities"] == {
         "max_logprobs": MAX_LOGPROBS, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
-        "max_model_len": MAX_MODEL_LEN, "max_scored_tokens": MAX_MODEL_LEN,
+        "max_model_len": MAX_MODEL_LEN, "max_scored_tokens": MAX_SCORED,
     }
 
 
@@ -181,7 +181,7 @@ def test_usage_counts(complete, reference):
     ("logprobs", MAX_LOGPROBS + 1, "logprobs", "invalid_request"),
     ("prompt_logprobs", MAX_LOGPROBS + 1, "prompt_logprobs", "invalid_request"),
     ("max_tokens", MAX_MODEL_LEN, "max_tokens", "context_length_exceeded"),
-    ("prompt_logprob", 1, "prompt_logprob", "invalid_request"),
+    ("prompt_logprob", 1, "prompt_logprob", "unknown_field"),
 ])
 def test_contract_violations_are_400(http, field, value, param, code):
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": TEXT, field: value})

@@ -4,7 +4,7 @@ import pytest
 from serve_app import completions
 from serve_app.config import Capabilities, IngressConfig
 from serve_app.errors import APIError
-from serve_app.protocol import parse_completion_request
+from serve_app.protocol import CompletionRequest, parse_request
 import orjson
 
 from serve_app.full_vocab import EntryFragments
@@ -18,7 +18,8 @@ INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
 
 
 def request(**fields):
-    return parse_completion_request({"model": "m", "prompt": "abc", **fields})
+    body = {"model": "m", "prompt": "abc", **fields}
+    return parse_request(CompletionRequest, body, completions.rules(CAPS, INGRESS))
 
 
 def admit(**fields):
@@ -40,7 +41,12 @@ def refusal(**fields) -> APIError:
     ({"prompt_logprobs": 6}, "prompt_logprobs", "invalid_request"),
     ({"prompt": "abcab", "prompt_logprobs": -1}, "prompt", "full_vocab_prompt_too_long"),
     ({"n": 3}, "n", "invalid_request"),
-    ({"stream": True}, "stream", "unsupported_parameter"),
+    ({"stream": True, "echo": True}, "stream", "invalid_combination"),
+    ({"stream": True, "prompt_logprobs": 0}, "stream", "invalid_combination"),
+    ({"stream": True, "logprob_start_len": 0}, "stream", "invalid_combination"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_combination"),
+    ({"best_of": 2}, "best_of", "unsupported_parameter"),
+    ({"suffix": "tail"}, "suffix", "unsupported_parameter"),
     ({"prompt": ["a", "b", "c", "d"]}, "prompt", "batch_too_large"),
     ({"prompt": ""}, "prompt", "invalid_request"),
     ({"prompt": [1, 10]}, "prompt", "invalid_token_id"),
@@ -94,6 +100,16 @@ def test_greedy_choices_are_generated_once():
 def test_stop_becomes_a_list():
     body, (prompt,) = admit(stop="x")
     assert completions.engine_request(prompt, body).stop == ["x"]
+    body, (prompt,) = admit(stop=["", "y"])
+    assert completions.engine_request(prompt, body).stop == ["y"]
+
+
+def test_logit_bias_keys_are_token_ids():
+    assert completions.logit_bias(request(logit_bias={"3": 5, "0": -100}), 10) == {3: 5.0, 0: -100.0}
+    for key in ("10", "-1", "x", "1.0", "\u0661"):
+        with pytest.raises(APIError) as caught:
+            completions.logit_bias(request(logit_bias={key: 1}), 10)
+        assert (caught.value.param, caught.value.code) == ("logit_bias", "invalid_token_id")
 
 
 PROMPT_ENTRIES = positions(
@@ -102,7 +118,7 @@ PROMPT_ENTRIES = positions(
     [(2, -0.25, 1), (2, -0.25, 1), (0, -float("inf"), 2)],  # 'c' is the top token
 )
 GENERATED = Completion(
-    token_ids=np.array([4, 5], np.int32), text="é€", finish_reason="length",
+    index=0, token_ids=np.array([4, 5], np.int32), text="é€", finish_reason="length",
     logprobs=positions([(4, -0.5, 1), (4, -0.5, 1), (3, -3.0, 2)],
                        [(5, -4.0, 9), (6, -0.1, 1), (7, -0.2, 2)]),
 )
