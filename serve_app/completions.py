@@ -22,6 +22,9 @@ from serve_app.vocabulary import Vocabulary
 
 
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class PromptInput:
     token_ids: list[int]
@@ -160,6 +163,11 @@ def engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     return max(wanted) if wanted else None
 
 
+def is_greedy(request: CompletionRequest) -> bool:
+    """vLLM samples greedily below this temperature (vllm.sampling_params._SAMPLING_EPS)."""
+    return request.temperature < GREEDY_BELOW_TEMPERATURE
+
+
 def engine_request(prompt: PromptInput, request: CompletionRequest,
                    bias: dict[int, float] | None = None) -> EngineRequest:
     stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
@@ -170,7 +178,7 @@ def engine_request(prompt: PromptInput, request: CompletionRequest,
         temperature=request.temperature,
         top_p=request.top_p,
         # vLLM refuses n > 1 when greedy: the n choices are the same one, made once.
-        n=1 if request.temperature == 0 else request.n,
+        n=1 if is_greedy(request) else request.n,
         seed=request.seed,
         stop=stop,
         presence_penalty=request.presence_penalty,

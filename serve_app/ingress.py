@@ -161,7 +161,7 @@ class Ingress:
         model = self.model(body.model)
         caps, vocab = model.capabilities, self.vocabularies[model.name]
         completions.check_request(body, caps, self.config.ingress)
-        bias = completions.logit_bias(body, vocab.size)
+        bias = completions.logit_bias(body, vocab.logits_size)
         prompts = completions.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
         completions.check_prompts(prompts, body, caps)
         engine_requests = [completions.engine_request(p, body, bias) for p in prompts]

@@ -9,7 +9,7 @@ import uuid
 
 import orjson
 
-from serve_app.completions import LogprobsBuilder, PromptInput, add_generated
+from serve_app.completions import LogprobsBuilder, PromptInput, add_generated, is_greedy
 from serve_app.protocol import CompletionRequest
 from serve_app.scoring import Completion, EngineResult
 from serve_app.vocabulary import Vocabulary
@@ -34,8 +34,7 @@ class CompletionStream:
         """Choices a completion feeds: its own, or all n when a greedy one stands for them."""
         n = self.request.n
         first = prompt_index * n
-        greedy_once = self.request.temperature == 0
-        return list(range(first, first + n)) if greedy_once else [first + completion.index]
+        return list(range(first, first + n)) if is_greedy(self.request) else [first + completion.index]
 
     def events(self, prompt_index: int, delta: EngineResult) -> list[bytes]:
         return [self.choice_event(index, completion)

@@ -10,7 +10,9 @@ from pathlib import Path
 class Vocabulary:
     def __init__(self, tokenizer, model_vocab_size: int):
         self.tokenizer = tokenizer
-        # The model's output layer may be padded past the tokenizer's last id.
+        # Logits the model scores (logit_bias keys must be below); its output layer may be
+        # padded past the tokenizer's last id, and prompt ids may use either range (as in vLLM).
+        self.logits_size = model_vocab_size
         self.size = max(model_vocab_size, len(tokenizer))
         decoded = tokenizer.batch_decode([[token_id] for token_id in range(len(tokenizer))])
         self.strings = decoded + [""] * (self.size - len(decoded))

@@ -75,6 +75,19 @@ def test_logprobs_above_the_cap_names_it(http):
     assert error["message"] == f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {MAX_LOGPROBS + 1}"
 
 
+def test_an_unannounced_body_is_cut_off_at_the_limit(http):
+    """No Content-Length (chunked): the ingress counts as it reads and stops at the limit."""
+    def body():
+        yield b'{"model": "%s", "prompt": "' % MODEL.encode()
+        for _ in range(40):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    response = http.post("/v1/completions", content=body(), headers=JSON)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
 def replica_request_count() -> int:
     handle = serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
     return handle.request_count.remote().result()

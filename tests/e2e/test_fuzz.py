@@ -35,7 +35,7 @@ near_valid = {
     "logprobs": st.integers(-2, 22),
     "prompt_logprobs": st.integers(-3, 22),
     "logprob_start_len": st.integers(-1, 30),
-    "temperature": st.floats(-1, 3),
+    "temperature": st.floats(-1, 3) | st.sampled_from([0.0, 1e-9, 1e-5]),
     "top_p": st.floats(-0.5, 1.5),
     "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=6),
     "logit_bias": st.dictionaries(st.text("0123456789-x", max_size=5), st.floats(-200, 200), max_size=3),

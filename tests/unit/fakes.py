@@ -10,7 +10,7 @@ class CharVocabulary:
 
     def __init__(self, alphabet: str):
         self.strings = list(alphabet)
-        self.size = len(alphabet)
+        self.size = self.logits_size = len(alphabet)
 
     def encode(self, text: str) -> list[int]:
         return [self.strings.index(c) for c in text]

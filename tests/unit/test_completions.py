@@ -89,8 +89,9 @@ def test_engine_prompt_top_k_covers_every_use(fields, expected):
     assert completions.engine_request(prompt, body).prompt_logprobs == expected
 
 
-def test_greedy_choices_are_generated_once():
-    body, (prompt,) = admit(n=2, temperature=0)
+@pytest.mark.parametrize("temperature", [0, 1e-6])
+def test_greedy_choices_are_generated_once(temperature):
+    body, (prompt,) = admit(n=2, temperature=temperature)
     assert completions.engine_request(prompt, body).n == 1
     response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
     assert [c["index"] for c in response["choices"]] == [0, 1]
