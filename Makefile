@@ -24,6 +24,7 @@ serve: venv
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
 test: venv
+	$(VENV)/bin/ruff check serve_app tests
 	$(VENV)/bin/probserve models prepare tiny-llama
 	$(PY) -m pytest tests
 

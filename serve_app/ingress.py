@@ -16,7 +16,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException
 
-from serve_app import completions
+from serve_app import admission, completions
 from serve_app.compression import accepts_gzip, gzip_chunks
 from serve_app.config import AppConfig, ModelConfig
 from serve_app.errors import APIError, error_envelope
@@ -156,15 +156,15 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         raw = await json_object(request, self.config.ingress.max_body_bytes)
         named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
-        rules = completions.rules(named.capabilities if named else None, self.config.ingress)
+        rules = admission.rules(named.capabilities if named else None, self.config.ingress)
         body = parse_request(CompletionRequest, raw, rules)
         model = self.model(body.model)
         caps, vocab = model.capabilities, self.vocabularies[model.name]
-        completions.check_request(body, caps, self.config.ingress)
-        bias = completions.logit_bias(body, vocab.logits_size)
-        prompts = completions.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
-        completions.check_prompts(prompts, body, caps)
-        engine_requests = [completions.engine_request(p, body, bias) for p in prompts]
+        admission.check_request(body, caps, self.config.ingress)
+        bias = admission.logit_bias(body, vocab.logits_size)
+        prompts = admission.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
+        admission.check_prompts(prompts, body, caps)
+        engine_requests = [admission.engine_request(p, body, bias) for p in prompts]
         replica = self.replicas[model.name]
         if body.stream:
             stream = CompletionStream(model.name, body, prompts, vocab)

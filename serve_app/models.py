@@ -57,10 +57,10 @@ def build_smollm2(target: Path) -> None:
 
 def tiny_training_text() -> list[str]:
     """Deterministic local text: the sources of a few standard-library modules."""
+    import argparse
     import inspect
     import json as json_module
     import textwrap
-    import argparse
 
     return [inspect.getsource(module) for module in (json_module, textwrap, argparse)]
 

@@ -12,8 +12,14 @@ from ray import serve
 
 from serve_app.config import ModelConfig
 from serve_app.home import apply_cache_environment
-from serve_app.scoring import (Completion, EngineRequest, EngineResult, FullVocabRows,
-                               PositionLogprobs, token_array)
+from serve_app.scoring import (
+    Completion,
+    EngineRequest,
+    EngineResult,
+    FullVocabRows,
+    PositionLogprobs,
+    token_array,
+)
 
 WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
                          logprobs=1, prompt_logprobs=k) for k in (1, -1)]

@@ -9,7 +9,8 @@ import uuid
 
 import orjson
 
-from serve_app.completions import LogprobsBuilder, PromptInput, add_generated, is_greedy
+from serve_app.admission import PromptInput, is_greedy
+from serve_app.completions import LogprobsBuilder, add_generated
 from serve_app.protocol import CompletionRequest
 from serve_app.scoring import Completion, EngineResult
 from serve_app.vocabulary import Vocabulary

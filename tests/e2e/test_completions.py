@@ -45,7 +45,8 @@ def test_batches_give_one_choice_per_prompt(complete, reference):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     for prompt, choice in zip(prompts, body["choices"]):
         ids = reference.tokenizer.encode(prompt)
-        assert choice["logprobs"]["token_ids"] == reference.greedy(ids, 2)[:len(choice["logprobs"]["token_ids"])]
+        generated = choice["logprobs"]["token_ids"]
+        assert generated == reference.greedy(ids, 2)[:len(generated)]
     ids_batch = [reference.tokenizer.encode(p) for p in prompts]
     assert complete(prompt=ids_batch, max_tokens=2, temperature=0)["choices"][2]["text"] == \
         body["choices"][2]["text"]
@@ -103,12 +104,13 @@ def test_logprobs_k_of_generated_tokens(complete, reference, k):
                                                  logprobs["token_logprobs"], logprobs["top_logprobs"]):
         assert logprob == pytest.approx(row[token_id], abs=TOLERANCE)
         assert token == reference.tokenizer.decode([token_id])
-        assert len(top) in (k, k + 1) if k else len(top) == 1
         assert top[token] == pytest.approx(logprob, abs=TOLERANCE)
-        top_k = sorted(row, reverse=True)[:k]
-        distinct = [v for s, v in top.items() if s != token or row[token_id] >= top_k[-1] - TOLERANCE] if k else []
-        np.testing.assert_allclose(sorted(distinct, reverse=True)[:len(distinct)],
-                                   top_k[:len(distinct)], atol=TOLERANCE)
+        # Texts can collide (byte tokens all decode to U+FFFD), so the dict may keep fewer.
+        assert 1 <= len(top) <= k + 1
+        expected = np.sort(row)[::-1][:k]
+        for value in top.values():
+            assert np.isclose(value, expected, atol=TOLERANCE).any() or \
+                abs(value - row[token_id]) <= TOLERANCE
     assert logprobs["text_offset"][0] == 0
     for offset, token in zip(logprobs["text_offset"], logprobs["tokens"]):
         assert choice["text"][offset:offset + len(token)] == token

@@ -4,7 +4,6 @@ import gzip
 
 import numpy as np
 import orjson
-import pytest
 
 from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank

@@ -5,7 +5,6 @@ import collections
 import json
 
 import orjson
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

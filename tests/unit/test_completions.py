@@ -1,117 +1,12 @@
 import numpy as np
+import orjson
 import pytest
 
-from serve_app import completions
-from serve_app.config import Capabilities, IngressConfig
-from serve_app.errors import APIError
-from serve_app.protocol import CompletionRequest, parse_request
-import orjson
-
+from serve_app import admission, completions
 from serve_app.full_vocab import EntryFragments
 from serve_app.scoring import Completion, EngineResult, FullVocabRows
-from tests.unit.fakes import CharVocabulary, positions
-
-VOCAB = CharVocabulary("abcdé€ xyz")
-CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8,
-                    full_vocab_max_prompt_tokens=4)
-INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
-
-
-def request(**fields):
-    body = {"model": "m", "prompt": "abc", **fields}
-    return parse_request(CompletionRequest, body, completions.rules(CAPS, INGRESS))
-
-
-def admit(**fields):
-    body = request(**fields)
-    completions.check_request(body, CAPS, INGRESS)
-    prompts = completions.prompt_inputs(body.prompt, VOCAB, INGRESS.max_batch_prompts)
-    completions.check_prompts(prompts, body, CAPS)
-    return body, prompts
-
-
-def refusal(**fields) -> APIError:
-    with pytest.raises(APIError) as caught:
-        admit(**fields)
-    return caught.value
-
-
-@pytest.mark.parametrize("fields, param, code", [
-    ({"logprobs": 6}, "logprobs", "invalid_request"),
-    ({"prompt_logprobs": 6}, "prompt_logprobs", "invalid_request"),
-    ({"prompt": "abcab", "prompt_logprobs": -1}, "prompt", "full_vocab_prompt_too_long"),
-    ({"n": 3}, "n", "invalid_request"),
-    ({"stream": True, "echo": True}, "stream", "invalid_combination"),
-    ({"stream": True, "prompt_logprobs": 0}, "stream", "invalid_combination"),
-    ({"stream": True, "logprob_start_len": 0}, "stream", "invalid_combination"),
-    ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_combination"),
-    ({"best_of": 2}, "best_of", "unsupported_parameter"),
-    ({"suffix": "tail"}, "suffix", "unsupported_parameter"),
-    ({"prompt": ["a", "b", "c", "d"]}, "prompt", "batch_too_large"),
-    ({"prompt": ""}, "prompt", "invalid_request"),
-    ({"prompt": [1, 10]}, "prompt", "invalid_token_id"),
-    ({"max_tokens": 30}, "max_tokens", "context_length_exceeded"),
-    ({"logprob_start_len": 3}, "logprob_start_len", "invalid_request"),
-    ({"prompt": "abcabcabc", "echo": True, "logprobs": 1}, "prompt", "too_many_scored_tokens"),
-    ({"prompt": "abcabcabc", "prompt_logprobs": 1}, "prompt", "too_many_scored_tokens"),
-])
-def test_refusals(fields, param, code):
-    error = refusal(**fields)
-    assert (error.status, error.param, error.code) == (400, param, code)
-
-
-def test_cap_is_named_in_the_message():
-    assert "from 0 to 5, got 6" in refusal(logprobs=6).message
-
-
-def test_a_span_within_the_cap_is_admitted():
-    admit(prompt="abcabcabc", logprob_start_len=2, logprobs=1)
-
-
-def test_batches_of_each_kind():
-    assert [p.token_ids for p in admit(prompt=["ab", [2, 3]])[1]] == [[0, 1], [2, 3]]
-    assert admit(prompt=[4, 5])[1][0].text == "é€"
-
-
-@pytest.mark.parametrize("fields, expected", [
-    ({}, None),
-    ({"logprobs": 3}, None),
-    ({"echo": True}, None),
-    ({"echo": True, "logprobs": 2}, 2),
-    ({"logprob_start_len": 1}, 0),
-    ({"logprob_start_len": 1, "logprobs": 4}, 4),
-    ({"prompt_logprobs": 3, "echo": True, "logprobs": 1}, 3),
-    ({"prompt_logprobs": 0}, 0),
-    ({"prompt_logprobs": -1, "echo": True, "logprobs": 3}, -1),
-])
-def test_engine_prompt_top_k_covers_every_use(fields, expected):
-    body, (prompt,) = admit(**fields)
-    assert completions.engine_request(prompt, body).prompt_logprobs == expected
-
-
-@pytest.mark.parametrize("temperature", [0, 1e-6])
-def test_greedy_choices_are_generated_once(temperature):
-    body, (prompt,) = admit(n=2, temperature=temperature)
-    assert completions.engine_request(prompt, body).n == 1
-    response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
-    assert [c["index"] for c in response["choices"]] == [0, 1]
-    assert response["usage"]["completion_tokens"] == 4
-
-
-def test_stop_becomes_a_list():
-    body, (prompt,) = admit(stop="x")
-    assert completions.engine_request(prompt, body).stop == ["x"]
-    body, (prompt,) = admit(stop=["", "y"])
-    assert completions.engine_request(prompt, body).stop == ["y"]
-
-
-def test_logit_bias_keys_are_token_ids():
-    assert completions.logit_bias(request(logit_bias={"3": 5, "0": -100}), 10) == {3: 5.0, 0: -100.0}
-    for key in ("10", "-1", "x", "1.0", "\u0661"):
-        with pytest.raises(APIError) as caught:
-            completions.logit_bias(request(logit_bias={key: 1}), 10)
-        assert (caught.value.param, caught.value.code) == ("logit_bias", "invalid_token_id")
-
+from tests.unit.fakes import positions
+from tests.unit.test_admission import VOCAB, admit
 
 PROMPT_ENTRIES = positions(
     None,
@@ -220,3 +115,12 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
     # echo's logprobs come from the same arrays: 'b' ranks second, the top-1 is 'a'
     assert first["logprobs"]["token_logprobs"][:3] == [None, -2.0, -3.0]
     assert first["logprobs"]["top_logprobs"][1] == {"a": -1.0, "b": -2.0}
+
+
+@pytest.mark.parametrize("temperature", [0, 1e-6])
+def test_greedy_choices_are_generated_once(temperature):
+    body, (prompt,) = admit(n=2, temperature=temperature)
+    assert admission.engine_request(prompt, body).n == 1
+    response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
+    assert [c["index"] for c in response["choices"]] == [0, 1]
+    assert response["usage"]["completion_tokens"] == 4

@@ -1,8 +1,8 @@
 import numpy as np
 import orjson
 
-from serve_app import completions
-from serve_app.protocol import CompletionRequest, parse_request
+from serve_app import admission
+from serve_app.protocol import CompletionRequest, completion_rules, parse_request
 from serve_app.scoring import Completion, EngineResult
 from serve_app.streaming import DONE, CompletionStream
 from tests.unit.fakes import CharVocabulary, positions
@@ -12,8 +12,8 @@ VOCAB = CharVocabulary("abcdé€ xyz")
 
 def stream_for(**fields) -> CompletionStream:
     body = parse_request(CompletionRequest, {"model": "m", "prompt": "ab", "stream": True, **fields},
-                         completions.completion_rules(5, 4))
-    prompts = completions.prompt_inputs(body.prompt, VOCAB, 8)
+                         completion_rules(5, 4))
+    prompts = admission.prompt_inputs(body.prompt, VOCAB, 8)
     return CompletionStream("m", body, prompts, VOCAB)
 
 
