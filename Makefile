@@ -24,7 +24,7 @@ serve: venv
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
 test: venv
-	$(VENV)/bin/ruff check serve_app tests
+	$(VENV)/bin/ruff check serve_app tests bench
 	$(VENV)/bin/probserve models prepare tiny-llama
 	$(PY) -m pytest tests
 

@@ -5,11 +5,25 @@ ingress enforces them.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from ray.serve.config import AutoscalingConfig
 
 from serve_app.models import BUILDERS, embedded_model_path
+
+
+def checked_autoscaling(value: dict[str, Any]) -> dict[str, Any]:
+    """Ray Serve's autoscaling_config, checked here: Serve itself ignores unknown keys."""
+    unknown = sorted(set(value) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown autoscaling_config keys {unknown}")
+    AutoscalingConfig(**value)
+    return value
+
+
+Autoscaling = Annotated[dict[str, Any], AfterValidator(checked_autoscaling)]
+ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1}
 
 
 class Strict(BaseModel):
@@ -43,7 +57,7 @@ class ModelConfig(Strict):
     cpu_kv_cache_gib: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     max_ongoing_requests: int = Field(32, ge=1)
-    autoscaling_config: dict[str, Any] = {"min_replicas": 1, "max_replicas": 1}
+    autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
 
     @model_validator(mode="after")
@@ -62,7 +76,7 @@ class IngressConfig(Strict):
     max_body_bytes: int = Field(16 << 20, ge=1024)
     max_batch_prompts: int = Field(64, ge=1)
     max_n: int = Field(16, ge=1)
-    autoscaling_config: dict[str, Any] = {"min_replicas": 1, "max_replicas": 1}
+    autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
 
 

@@ -1,3 +1,5 @@
+import pathlib
+
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -27,10 +29,14 @@ def test_names_are_unique():
         AppConfig(models=[{"name": "tiny-llama"}, {"name": "tiny-llama"}])
 
 
-def test_local_deployment_file_builds():
-    with open("deployments/local.yaml") as file:
-        document = yaml.safe_load(file)
-    (application,) = document["applications"]
+@pytest.mark.parametrize("path", sorted(pathlib.Path("deployments").glob("*.yaml")))
+def test_deployment_files_build(path):
+    (application,) = yaml.safe_load(path.read_text())["applications"]
     assert application["import_path"] == "serve_app.app:build_app"
-    app = build_app(application["args"])
-    assert app is not None
+    assert build_app(application["args"]) is not None
+
+
+@pytest.mark.parametrize("autoscaling", [{"bogus": 1}, {"min_replicas": -1}])
+def test_autoscaling_config_is_checked(autoscaling):
+    with pytest.raises(ValidationError, match="autoscaling_config"):
+        AppConfig(models=[{"name": "tiny-llama", "autoscaling_config": autoscaling}])
