@@ -1,0 +1,65 @@
+"""Many clients at once: mixed requests in flight together get the answers they get alone."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+
+from tests.e2e.conftest import MODEL
+
+PROMPTS = ["The capital of France is", "def parse(self, text):", "x = 1", "import json"]
+KINDS = [  # greedy, so that every answer is determined
+    {"max_tokens": 6, "temperature": 0, "logprobs": 3},
+    {"max_tokens": 1, "temperature": 0, "prompt_logprobs": 4, "echo": True, "logprobs": 1},
+    {"max_tokens": 1, "temperature": 0, "prompt_logprobs": -1},
+    {"max_tokens": 5, "temperature": 0, "stream": True},
+    {"max_tokens": 0},  # refused
+]
+
+
+def post(base_url: str, body: dict) -> tuple[int, bytes]:
+    import httpx
+
+    with httpx.Client(base_url=base_url, timeout=300) as client:
+        response = client.post("/v1/completions", json=body, headers={"accept-encoding": "identity"})
+        return response.status_code, response.content
+
+
+def comparable(status: int, content: bytes):
+    """What must not depend on concurrency: the status, the texts, and every logprob."""
+    if status != 200:
+        return status, orjson.loads(content)["error"]["code"]
+    if content.startswith(b"data: "):
+        events = [orjson.loads(line[6:]) for line in content.split(b"\n\n") if line.startswith(b"data: {")]
+        return status, "".join(c["text"] for e in events for c in e["choices"])
+    return status, [summary(choice) for choice in orjson.loads(content)["choices"]]
+
+
+def summary(choice: dict) -> dict:
+    """The text, the token logprobs, and {position: {token id: logprob}} of prompt_logprobs
+    (ranks can swap between near-ties when batching changes float rounding)."""
+    positions = choice.get("prompt_logprobs") or []
+    return {
+        "text": choice["text"],
+        "token_logprobs": (choice["logprobs"] or {}).get("token_logprobs"),
+        "prompt": [{t: e["logprob"] for t, e in p.items()} if p else None for p in positions],
+    }
+
+
+def close(expected, got, tolerance: float = 1e-4) -> bool:
+    if isinstance(expected, float) and isinstance(got, float):
+        return abs(expected - got) <= tolerance
+    if isinstance(expected, dict) and isinstance(got, dict):
+        common = expected.keys() & got.keys()
+        return len(expected) == len(got) and all(close(expected[k], got[k]) for k in common)
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(expected) == len(got) and all(map(close, expected, got))
+    return expected == got
+
+
+def test_concurrent_mixed_requests(base_url):
+    bodies = [{"model": MODEL, "prompt": prompt, **kind} for prompt in PROMPTS for kind in KINDS]
+    alone = [comparable(*post(base_url, body)) for body in bodies]
+    with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
+        together = list(pool.map(lambda body: comparable(*post(base_url, body)), bodies * 2))
+    for index, (expected, got) in enumerate(zip(alone * 2, together)):
+        assert close(expected, got), bodies[index % len(bodies)]
