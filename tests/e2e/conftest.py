@@ -1,5 +1,6 @@
 """One real service for the whole session: Ray Serve, the app, vLLM on the tiny model."""
 
+import random
 import socket
 
 import httpx
@@ -25,9 +26,16 @@ CONFIG = {
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768+), where Ray's own processes take
+    theirs while it starts: an ephemeral port free now may not be free for Serve's proxy."""
+    for port in random.sample(range(20000, 30000), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 30000")
 
 
 @pytest.fixture(scope="session")
