@@ -106,6 +106,13 @@ def check_prompts(prompts: list[PromptInput], request: CompletionRequest, caps: 
     """The checks on the tokenized prompts."""
     for index, prompt in enumerate(prompts):
         check_prompt(prompt, prompt_name(index), request, caps)
+    total = sum(len(p.token_ids) for p in prompts)
+    if request.prompt_logprobs == -1 and total > caps.full_vocab_max_prompt_tokens:
+        # The cap bounds the rows one request holds, so it covers a batch as a whole.
+        raise invalid("prompt", f"the batch's prompts have {total} tokens together; "
+                      f"prompt_logprobs: -1 takes at most {caps.full_vocab_max_prompt_tokens} "
+                      "per request (capabilities.full_vocab_max_prompt_tokens): split the batch",
+                      "full_vocab_prompt_too_long")
 
 
 def check_prompt(prompt: PromptInput, where: str, request: CompletionRequest,

@@ -76,6 +76,9 @@ class IngressConfig(Strict):
     max_body_bytes: int = Field(16 << 20, ge=1024)
     max_batch_prompts: int = Field(64, ge=1)
     max_n: int = Field(16, ge=1)
+    # Full-vocabulary requests one ingress replica holds at once, from the replica call to the
+    # last byte (each can hold hundreds of MB of rows); the others wait for a slot.
+    max_full_vocab_requests: int = Field(2, ge=1)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
 

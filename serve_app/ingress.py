@@ -6,7 +6,8 @@ Nothing invalid reaches a model replica: every check runs here, before any repli
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import orjson
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from starlette.concurrency import iterate_in_threadpool
 from starlette.exceptions import HTTPException
 
 from serve_app import admission, completions
@@ -102,12 +104,34 @@ async def json_object(request: Request, limit: int) -> dict:
     return body
 
 
-def streaming_json(chunks, accept_encoding: str | None) -> StreamingResponse:
+def once(action: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def run() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            action()
+    return run
+
+
+async def released_after(chunks: Iterator[bytes], release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The chunks, written in a worker thread; `release` once sent, failed or abandoned."""
+    try:
+        async for chunk in iterate_in_threadpool(chunks):
+            yield chunk
+    finally:
+        release()
+
+
+def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
+                   release: Callable[[], None]) -> StreamingResponse:
     """A large body, sent as it is written; gzip when the client takes it."""
-    if not accepts_gzip(accept_encoding):
-        return StreamingResponse(chunks, media_type="application/json")
-    return StreamingResponse(gzip_chunks(chunks), media_type="application/json",
-                             headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
+    gzip = accepts_gzip(accept_encoding)
+    body = released_after(gzip_chunks(chunks) if gzip else chunks, release)
+    weakref.finalize(body, release)  # a body never started (the client left) releases too
+    headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzip else {}
+    return StreamingResponse(body, media_type="application/json", headers=headers)
 
 
 def model_card(model: ModelConfig, created: int) -> dict:
@@ -130,6 +154,7 @@ class Ingress:
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
         self.fragments = {name: EntryFragments(v.strings) for name, v in self.vocabularies.items()}
         self.created = int(time.time())
+        self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
 
     def model(self, name: str) -> ModelConfig:
         model = self.config.model(name)
@@ -170,12 +195,26 @@ class Ingress:
             stream = CompletionStream(model.name, body, prompts, vocab)
             return StreamingResponse(self.events(replica, engine_requests, stream),
                                      media_type="text/event-stream")
+        if body.prompt_logprobs == -1:
+            return await self.full_vocab(request, body, model, prompts, engine_requests)
         results = await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
-        response = completions.completion_response(model.name, prompts, results, body, vocab)
-        if body.prompt_logprobs != -1:
-            return json_response(response)
-        chunks = completions.streamed_body(response, results, self.fragments[model.name])
-        return streaming_json(chunks, request.headers.get("accept-encoding"))
+        return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
+
+    async def full_vocab(self, request: Request, body: CompletionRequest, model: ModelConfig,
+                         prompts: list, engine_requests: list) -> StreamingResponse:
+        """prompt_logprobs -1: the whole distributions, streamed; a bounded number at once."""
+        await self.full_vocab_slots.acquire()
+        release = once(self.full_vocab_slots.release)
+        try:
+            replica = self.replicas[model.name]
+            results = await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
+            response = completions.completion_response(
+                model.name, prompts, results, body, self.vocabularies[model.name])
+            chunks = completions.streamed_body(response, results, self.fragments[model.name])
+            return streaming_json(chunks, request.headers.get("accept-encoding"), release)
+        except BaseException:
+            release()
+            raise
 
     async def events(self, replica: DeploymentHandle, engine_requests: list,
                      stream: CompletionStream) -> AsyncIterator[bytes]:

@@ -2,6 +2,7 @@
 
 import gzip
 
+import httpx
 import numpy as np
 import orjson
 
@@ -41,6 +42,13 @@ def test_every_position_is_the_whole_distribution(http, reference):
         assert entries[str(ids[p])]["decoded_token"] == reference.tokenizer.decode([ids[p]])
 
 
+def test_a_one_token_prompt_has_only_the_null_position(http):
+    _, raw = full_vocab(http, [5], echo=True, logprobs=1)
+    choice = orjson.loads(gzip.decompress(raw))["choices"][0]
+    assert choice["prompt_logprobs"] == [None]
+    assert choice["logprobs"]["token_logprobs"][0] is None
+
+
 def test_plain_body_without_gzip(http):
     response, raw = full_vocab(http, [5, 6, 7], encoding="identity")
     assert "content-encoding" not in response.headers
@@ -75,3 +83,17 @@ def test_the_cap_on_prompt_length(http):
 def test_completion_logprobs_cannot_be_minus_one(http):
     response = http.post("/v1/completions", json={"model": MODEL, "prompt": TEXT, "logprobs": -1})
     assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+
+
+def test_abandoned_bodies_give_their_slot_back(base_url, http):
+    """More clients than full-vocabulary slots hang up after the first bytes; the next request
+    must still be served (a leaked slot would make it wait forever)."""
+    body = {"model": MODEL, "prompt": list(range(1, 101)), "max_tokens": 1, "prompt_logprobs": -1}
+    for _ in range(5):
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body,
+                               headers={"accept-encoding": "identity"}) as response:
+                assert response.status_code == 200
+                next(response.iter_raw())
+    response, raw = full_vocab(http, TEXT)
+    assert orjson.loads(gzip.decompress(raw))["choices"][0]["prompt_logprobs"][0] is None

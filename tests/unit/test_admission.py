@@ -35,6 +35,7 @@ def refusal(**fields) -> APIError:
     ({"logprobs": 6}, "logprobs", "invalid_request"),
     ({"prompt_logprobs": 6}, "prompt_logprobs", "invalid_request"),
     ({"prompt": "abcab", "prompt_logprobs": -1}, "prompt", "full_vocab_prompt_too_long"),
+    ({"prompt": ["ab", "abc"], "prompt_logprobs": -1}, "prompt", "full_vocab_prompt_too_long"),
     ({"n": 3}, "n", "invalid_request"),
     ({"stream": True, "echo": True}, "stream", "invalid_combination"),
     ({"stream": True, "prompt_logprobs": 0}, "stream", "invalid_combination"),
