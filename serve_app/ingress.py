@@ -25,7 +25,7 @@ from serve_app.errors import APIError, error_envelope
 from serve_app.full_vocab import EntryFragments
 from serve_app.openapi import install_openapi
 from serve_app.protocol import CompletionRequest, parse_request
-from serve_app.streaming import CompletionStream, error_event
+from serve_app.streaming import CompletionStream, event
 from serve_app.vocabulary import Vocabulary
 
 logger = logging.getLogger("probserve.ingress")
@@ -239,7 +239,7 @@ class Ingress:
             done.result()
         except Exception as error:  # the response has started: report in the stream
             logger.exception("stream failed")
-            yield error_event(error_envelope(500, "internal_error", f"the stream failed: {error}"))
+            yield event(error_envelope(500, "internal_error", f"the stream failed: {error}"))
         finally:
             for task in tasks:
                 task.cancel()

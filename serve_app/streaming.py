@@ -62,7 +62,3 @@ class CompletionStream:
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": self.completion_tokens,
                  "total_tokens": prompt_tokens + self.completion_tokens}
         return [event({**self.header, "choices": [], "usage": usage}), DONE]
-
-
-def error_event(envelope: dict) -> bytes:
-    return event(envelope)
