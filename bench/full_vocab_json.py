@@ -22,7 +22,9 @@ def sorted_rows(positions: int, vocab: int) -> FullVocabRows:
     logits = rng.normal(0, 3, (positions, vocab)).astype(np.float32)
     logprobs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
     order = np.argsort(-logprobs, axis=1).astype(np.int32)
-    return FullVocabRows(order, np.take_along_axis(logprobs, order, axis=1))
+    first = np.zeros(positions, np.int64)  # the prompt tokens' own values: unused by writers
+    return FullVocabRows(order, np.take_along_axis(logprobs, order, axis=1), first.astype(np.float32),
+                         first)
 
 
 def per_entry(rows: FullVocabRows, tokens: list[str]) -> bytes:

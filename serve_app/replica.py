@@ -83,11 +83,11 @@ def keep_full_vocab_as_arrays() -> None:
     def update_prompt_logprobs(self, tensors) -> None:
         if self.num_prompt_logprobs != -1:
             return per_entry(self, tensors)
-        token_ids, logprobs, *_ = tensors  # column 0 is the prompt token; then rank order
-        rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy())
+        token_ids, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by rank
+        rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy(),
+                             logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
         if isinstance(self.prompt_logprobs, FullVocabRows):  # a later prefill chunk
-            rows = FullVocabRows(np.concatenate([self.prompt_logprobs.token_ids, rows.token_ids]),
-                                 np.concatenate([self.prompt_logprobs.logprobs, rows.logprobs]))
+            rows = self.prompt_logprobs.followed_by(rows)
         self.prompt_logprobs = rows
 
     update_prompt_logprobs.keeps_arrays = True

@@ -5,7 +5,7 @@ position p owns entries `offsets[p]:offsets[p + 1]`; the first entry is the toke
 there (prompt or sampled) with its true rank, followed by the top-k in rank order.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -71,22 +71,26 @@ class PositionLogprobs:
 @dataclass(frozen=True)
 class FullVocabRows:
     """Row r is the distribution that predicted prompt token r + 1, sorted by logprob:
-    `token_ids[r, j]` is the token of rank j + 1."""
+    `token_ids[r, j]` is the token of rank j + 1. The prompt token's own logprob and rank
+    come with the rows (as vLLM computes them), so no row is searched for it."""
 
     token_ids: np.ndarray  # int32 [prompt tokens - 1, vocab]
     logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
+    actual_logprobs: np.ndarray  # float32 [prompt tokens - 1]
+    actual_ranks: np.ndarray  # int64 [prompt tokens - 1]
+
+    def followed_by(self, later: "FullVocabRows") -> "FullVocabRows":
+        return FullVocabRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
+                               for f in fields(self)))
 
     def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
         """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
-        rows = len(self.token_ids)
-        actual = np.asarray(prompt_token_ids[1:], np.int32)
-        column = (self.token_ids == actual[:, None]).argmax(axis=1)
-        row_index = np.arange(rows)
-        width = k + 1
+        rows, width = len(self.token_ids), k + 1
         token_ids = np.empty((rows, width), np.int32)
         logprobs = np.empty((rows, width), np.float32)
         ranks = np.empty((rows, width), np.int64)
-        token_ids[:, 0], logprobs[:, 0], ranks[:, 0] = actual, self.logprobs[row_index, column], column + 1
+        token_ids[:, 0] = prompt_token_ids[1:]
+        logprobs[:, 0], ranks[:, 0] = self.actual_logprobs, self.actual_ranks
         token_ids[:, 1:], logprobs[:, 1:] = self.token_ids[:, :k], self.logprobs[:, :k]
         ranks[:, 1:] = np.arange(1, k + 1)
         offsets = np.concatenate([[0, 0], np.arange(1, rows + 1) * width]).astype(np.int64)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from serve_app.scoring import PositionLogprobs
+from serve_app.scoring import FullVocabRows, PositionLogprobs
 
 
 class CharVocabulary:
@@ -32,3 +32,14 @@ def positions(*rows) -> PositionLogprobs:
         logprobs=np.array([e[1] for e in entries], np.float32),
         ranks=np.array([e[2] for e in entries], np.int64),
     )
+
+
+def full_vocab_rows(distributions: np.ndarray, prompt_token_ids: list[int]) -> FullVocabRows:
+    """What the engine returns for prompt_logprobs -1: row r is the distribution that predicted
+    prompt token r + 1 (`distributions[r]`, in token order), sorted by logprob."""
+    order = np.argsort(-distributions, axis=1, kind="stable")
+    actual = np.asarray(prompt_token_ids[1:], np.int64)
+    rows = np.arange(len(distributions))
+    ranks = np.argmax(order == actual[:, None], axis=1) + 1
+    return FullVocabRows(order.astype(np.int32), np.take_along_axis(distributions, order, axis=1),
+                         distributions[rows, actual].astype(np.float32), ranks.astype(np.int64))

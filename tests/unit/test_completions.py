@@ -4,8 +4,8 @@ import pytest
 
 from serve_app import admission, completions
 from serve_app.full_vocab import EntryFragments
-from serve_app.scoring import Completion, EngineResult, FullVocabRows
-from tests.unit.fakes import positions
+from serve_app.scoring import Completion, EngineResult
+from tests.unit.fakes import full_vocab_rows, positions
 from tests.unit.test_admission import VOCAB, admit
 
 PROMPT_ENTRIES = positions(
@@ -99,10 +99,9 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
     results = []
     for prompt in prompts:
         rows = len(prompt.token_ids) - 1
-        order = np.tile(np.arange(VOCAB.size, dtype=np.int32), (rows, 1))
         logprobs = np.tile(-np.arange(VOCAB.size, dtype=np.float32) - 1, (rows, 1))
         results.append(EngineResult(np.array(prompt.token_ids, np.int32), None, [GENERATED],
-                                    FullVocabRows(order, logprobs)))
+                                    full_vocab_rows(logprobs, prompt.token_ids)))
     response = completions.completion_response("m", prompts, results, body, VOCAB)
     chunks = completions.streamed_body(response, results, EntryFragments(VOCAB.strings))
     parsed = orjson.loads(b"".join(chunks))

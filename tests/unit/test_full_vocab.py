@@ -4,16 +4,18 @@ import pytest
 
 from serve_app.full_vocab import EntryFragments, position_json, prompt_logprobs_json
 from serve_app.scoring import FullVocabRows
+from tests.unit.fakes import full_vocab_rows
 
 TOKENS = ["a", " b", '"q"', "\\", "é€", "", "\n", "z"]
 
 
+def distributions(seed: int, rows: int) -> np.ndarray:
+    logits = np.random.default_rng(seed).normal(0, 3, (rows, len(TOKENS))).astype(np.float32)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
 def sorted_rows(seed: int, rows: int) -> FullVocabRows:
-    rng = np.random.default_rng(seed)
-    logits = rng.normal(0, 3, (rows, len(TOKENS))).astype(np.float32)
-    logprobs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    order = np.argsort(-logprobs, axis=1, kind="stable")
-    return FullVocabRows(order.astype(np.int32), np.take_along_axis(logprobs, order, axis=1))
+    return full_vocab_rows(distributions(seed, rows), [0] * (rows + 1))
 
 
 def naive(token_ids, logprobs) -> dict:
@@ -51,8 +53,9 @@ def test_prompt_logprobs_array_starts_with_null(monkeypatch):
 
 
 def test_top_k_view_matches_the_top_k_path():
-    rows = sorted_rows(2, 3)
-    prompt = [0, int(rows.token_ids[0, 5]), int(rows.token_ids[1, 0]), int(rows.token_ids[2, 1])]
+    by_rank = sorted_rows(2, 3).token_ids
+    prompt = [0, int(by_rank[0, 5]), int(by_rank[1, 0]), int(by_rank[2, 1])]
+    rows = full_vocab_rows(distributions(2, 3), prompt)
     view = rows.top_k_positions(prompt, k=2)
     assert len(view) == 4 and not view.is_scored(0)
     assert view.actual(1)[0] == prompt[1] and view.actual(1)[2] == 6
