@@ -108,10 +108,11 @@ def check_prompts(prompts: list[PromptInput], request: CompletionRequest, caps: 
         check_prompt(prompt, prompt_name(index), request, caps)
     total = sum(len(p.token_ids) for p in prompts)
     if request.prompt_logprobs == -1 and total > caps.full_vocab_max_prompt_tokens:
-        # The cap bounds the rows one request holds, so it covers a batch as a whole.
-        raise invalid("prompt", f"the batch's prompts have {total} tokens together; "
-                      f"prompt_logprobs: -1 takes at most {caps.full_vocab_max_prompt_tokens} "
-                      "per request (capabilities.full_vocab_max_prompt_tokens): split the batch",
+        # The cap bounds the rows one request holds, so a batch counts as a whole.
+        counted = "the prompt has" if len(prompts) == 1 else "the batch's prompts have together"
+        raise invalid("prompt", f"{counted} {total} tokens; prompt_logprobs: -1 (the full "
+                      f"vocabulary) takes at most {caps.full_vocab_max_prompt_tokens} per request "
+                      "(capabilities.full_vocab_max_prompt_tokens): use a top-k or split the batch",
                       "full_vocab_prompt_too_long")
 
 
@@ -124,11 +125,6 @@ def check_prompt(prompt: PromptInput, where: str, request: CompletionRequest,
         raise invalid("max_tokens", f"{where} has {length} tokens and max_tokens is "
                       f"{request.max_tokens}: together they exceed the model's context of "
                       f"{caps.max_model_len} tokens", "context_length_exceeded")
-    if request.prompt_logprobs == -1 and length > caps.full_vocab_max_prompt_tokens:
-        raise invalid("prompt", f"{where} has {length} tokens; prompt_logprobs: -1 (the full "
-                      f"vocabulary) takes at most {caps.full_vocab_max_prompt_tokens} "
-                      "(capabilities.full_vocab_max_prompt_tokens): use a top-k for longer prompts",
-                      "full_vocab_prompt_too_long")
     start = request.logprob_start_len
     if start is not None and start >= length:
         raise invalid("logprob_start_len", f"logprob_start_len must be below the length of "

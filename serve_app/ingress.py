@@ -134,6 +134,11 @@ def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
     return StreamingResponse(body, media_type="application/json", headers=headers)
 
 
+async def generate_all(replica: DeploymentHandle, engine_requests: list) -> list:
+    """Every prompt's engine request, sent at once: the replica batches them."""
+    return await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
+
+
 def model_card(model: ModelConfig, created: int) -> dict:
     return {
         "id": model.name,
@@ -197,7 +202,7 @@ class Ingress:
                                      media_type="text/event-stream")
         if body.prompt_logprobs == -1:
             return await self.full_vocab(request, body, model, prompts, engine_requests)
-        results = await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
+        results = await generate_all(replica, engine_requests)
         return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
 
     async def full_vocab(self, request: Request, body: CompletionRequest, model: ModelConfig,
@@ -206,8 +211,7 @@ class Ingress:
         await self.full_vocab_slots.acquire()
         release = once(self.full_vocab_slots.release)
         try:
-            replica = self.replicas[model.name]
-            results = await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
+            results = await generate_all(self.replicas[model.name], engine_requests)
             response = completions.completion_response(
                 model.name, prompts, results, body, self.vocabularies[model.name])
             chunks = completions.streamed_body(response, results, self.fragments[model.name])
