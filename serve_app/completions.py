@@ -7,14 +7,14 @@ import re
 import time
 import uuid
 from collections.abc import Iterator
-from itertools import accumulate
 
 import orjson
 
 from serve_app.admission import PromptInput, span_start
 from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
-from serve_app.protocol import CompletionRequest
+from serve_app.protocol import CompletionRequest, SamplingRequest
 from serve_app.scoring import NEG_INF_LOGPROB, Completion, EngineResult, PositionLogprobs
+from serve_app.token_text import GeneratedPieces, Pieces, id_prompt_pieces, string_pieces
 from serve_app.vocabulary import Vocabulary
 
 
@@ -22,33 +22,47 @@ def finite(logprob: float) -> float:
     return max(float(logprob), NEG_INF_LOGPROB)
 
 
-def top_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: Vocabulary) -> dict:
-    """{token text: logprob} of the top k, plus the actual token when it ranks lower."""
+def top_logprobs_at(entries: PositionLogprobs, position: int, width: int, vocab: Vocabulary) -> dict:
+    """{token text: logprob} of the top k (or the labels), plus the actual token when it is
+    not among them."""
     token_id, logprob, _ = entries.actual(position)
-    ids, logprobs, _ = entries.top(position, k)
+    ids, logprobs, _ = entries.top(position, width)
     top = {vocab.token(t): finite(lp) for t, lp in zip(ids.tolist(), logprobs.tolist())}
     if token_id not in ids:
         top[vocab.token(token_id)] = finite(logprob)
     return top
 
 
+def reported_width(request: SamplingRequest) -> int | None:
+    """Entries each reported position lists besides its own token: the labels, or the top-k."""
+    labels = request.logprob_token_ids
+    return len(labels) if labels else request.top_k()
+
+
 class LogprobsBuilder:
     """Accumulates the OpenAI completions `logprobs` object, position by position."""
 
-    def __init__(self, vocab: Vocabulary, k: int | None):
-        self.vocab, self.k = vocab, k
+    def __init__(self, vocab: Vocabulary, width: int | None):
+        self.vocab, self.width = vocab, width
         self.text_offset, self.tokens, self.token_ids = [], [], []
         self.token_logprobs, self.top_logprobs = [], []
 
-    def add(self, entries: PositionLogprobs, position: int, token_id: int, offset: int) -> None:
+    def add(self, entries: PositionLogprobs, position: int, token_id: int, token: str,
+            offset: int) -> None:
         scored = entries.is_scored(position)
         self.text_offset.append(offset)
-        self.tokens.append(self.vocab.token(token_id))
+        self.tokens.append(token)
         self.token_ids.append(token_id)
         self.token_logprobs.append(finite(entries.actual(position)[1]) if scored else None)
-        if self.k is not None:
+        if self.width is not None:
             self.top_logprobs.append(
-                top_logprobs_at(entries, position, self.k, self.vocab) if scored else None)
+                top_logprobs_at(entries, position, self.width, self.vocab) if scored else None)
+
+    def add_all(self, entries: PositionLogprobs, positions: range, token_ids: list[int],
+                pieces: Pieces) -> None:
+        for position, token_id, token, offset in zip(positions, token_ids, pieces.tokens,
+                                                     pieces.offsets):
+            self.add(entries, position, token_id, token, offset)
 
     def build(self) -> dict:
         return {
@@ -56,38 +70,40 @@ class LogprobsBuilder:
             "tokens": self.tokens,
             "token_ids": self.token_ids,
             "token_logprobs": self.token_logprobs,
-            "top_logprobs": self.top_logprobs if self.k is not None else None,
+            "top_logprobs": self.top_logprobs if self.width is not None else None,
         }
 
 
-def code_point_offsets(strings: list[str], base: int = 0) -> list[int]:
-    return list(accumulate((len(s) for s in strings[:-1]), initial=base))
+def prompt_pieces(prompt: PromptInput, vocab: Vocabulary) -> Pieces:
+    if prompt.spans is None:
+        return id_prompt_pieces(prompt.token_ids, vocab)
+    return string_pieces(prompt.text, prompt.spans, prompt.token_ids, vocab)
 
 
 def choice_logprobs(prompt: PromptInput, result: EngineResult, completion: Completion,
                     request: CompletionRequest, vocab: Vocabulary) -> dict | None:
     start = span_start(request)
-    builder = LogprobsBuilder(vocab, request.logprobs)
+    builder = LogprobsBuilder(vocab, reported_width(request))
     base = 0
     if start is not None:
         ids = prompt.token_ids
-        entries = result.prompt_positions(request.logprobs or 0)
-        offsets = code_point_offsets([vocab.token(t) for t in ids])
-        for position in range(start, len(ids)):
-            builder.add(entries, position, ids[position], offsets[position])
+        pieces = prompt_pieces(prompt, vocab)
+        entries = result.prompt_positions(request.top_k() or 0)
+        positions = range(start, len(ids))
+        builder.add_all(entries, positions, ids[start:],
+                        Pieces(pieces.tokens[start:], pieces.offsets[start:]))
         base = len(prompt.text)
-    if request.logprobs is not None:
-        add_generated(builder, completion, base)
-    return builder.build() if builder.tokens or request.logprobs is not None else None
+    if request.top_k() is not None:
+        add_generated(builder, completion, GeneratedPieces(vocab, prompt.token_ids, base),
+                      base + len(completion.text))
+    return builder.build() if builder.tokens or request.top_k() is not None else None
 
 
-def add_generated(builder: LogprobsBuilder, completion: Completion, base: int) -> int:
-    """Adds the generated tokens from text offset `base`; returns the offset after them."""
+def add_generated(builder: LogprobsBuilder, completion: Completion, pieces: GeneratedPieces,
+                  text_end: int | None) -> None:
+    """Adds the generated tokens; `text_end` when the completion's text is whole."""
     ids = completion.token_ids.tolist()
-    strings = [builder.vocab.token(t) for t in ids]
-    for position, (token_id, offset) in enumerate(zip(ids, code_point_offsets(strings, base))):
-        builder.add(completion.logprobs, position, token_id, offset)
-    return base + sum(map(len, strings))
+    builder.add_all(completion.logprobs, range(len(ids)), ids, pieces.add(ids, text_end))
 
 
 def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary) -> list:
@@ -141,20 +157,25 @@ def completion_response(model: str, prompts: list[PromptInput], results: list[En
         for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
         for j, completion in enumerate(completions)
     ]
-    prompt_tokens = sum(len(p.token_ids) for p in prompts)
-    completion_tokens = sum(len(c.token_ids) for completions in per_prompt for c in completions)
     return {
         "id": f"cmpl-{nonce}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": usage(prompts, per_prompt),
     }
+
+
+def usage(prompts: list[PromptInput], per_prompt: list[list[Completion]]) -> dict:
+    """Each prompt once, every generated token of every choice."""
+    return usage_counts(sum(len(p.token_ids) for p in prompts),
+                        sum(len(c.token_ids) for completions in per_prompt for c in completions))
+
+
+def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def streamed_body(response: dict, results: list[EngineResult],

@@ -30,8 +30,14 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# vLLM's sampler reserves this many label columns per request (MAX_LOGPROB_TOKEN_IDS).
+VLLM_MAX_LABEL_IDS = 128
+
+
 class Capabilities(Strict):
     max_logprobs: int = Field(100, ge=0)
+    # Token ids one request may ask `logprob_token_ids` for (label scoring).
+    max_logprob_token_ids: int = Field(VLLM_MAX_LABEL_IDS, ge=1, le=VLLM_MAX_LABEL_IDS)
     full_vocab_max_prompt_tokens: int = Field(1024, ge=0)
     max_model_len: int = Field(2048, ge=2)
     # Prompt tokens one request may score (echo, prompt_logprobs, logprob_start_len);

@@ -18,18 +18,30 @@ from ray.serve.handle import DeploymentHandle
 from starlette.concurrency import iterate_in_threadpool
 from starlette.exceptions import HTTPException
 
-from serve_app import admission, completions
+from serve_app import admission, chat, completions, tokenizer
 from serve_app.compression import accepts_gzip, gzip_chunks
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, Capabilities, ModelConfig
 from serve_app.errors import APIError, error_envelope
 from serve_app.full_vocab import EntryFragments
 from serve_app.openapi import install_openapi
-from serve_app.protocol import CompletionRequest, parse_request
-from serve_app.streaming import CompletionStream, event
+from serve_app.protocol import (
+    DETOKENIZE_RULES,
+    TOKENIZE_RULES,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    StrictRequest,
+    TokenizeRequest,
+    parse_request,
+)
+from serve_app.streaming import ChatStream, ChoiceStream, CompletionStream, event
 from serve_app.vocabulary import Vocabulary
 
 logger = logging.getLogger("probserve.ingress")
-app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible")
+# No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
+# /openapi.json is the contract, for any OpenAPI viewer.
+app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible",
+              docs_url=None, redoc_url=None)
 install_openapi(app)
 
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
@@ -124,6 +136,10 @@ async def released_after(chunks: Iterator[bytes], release: Callable[[], None]) -
         release()
 
 
+def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream")
+
+
 def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
                    release: Callable[[], None]) -> StreamingResponse:
     """A large body, sent as it is written; gzip when the client takes it."""
@@ -182,28 +198,62 @@ class Ingress:
         cards = [model_card(m, self.created) for m in self.config.models]
         return json_response({"object": "list", "data": cards})
 
-    @app.post("/v1/completions")
-    async def completions(self, request: Request) -> Response:
+    async def parse(self, request: Request, kind: type[StrictRequest],
+                    rules: Callable[[Capabilities | None], dict[str, str]]) -> tuple:
+        """The body parsed strictly, its model's config and vocabulary."""
         raw = await json_object(request, self.config.ingress.max_body_bytes)
         named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
-        rules = admission.rules(named.capabilities if named else None, self.config.ingress)
-        body = parse_request(CompletionRequest, raw, rules)
+        body = parse_request(kind, raw, rules(named.capabilities if named else None))
         model = self.model(body.model)
-        caps, vocab = model.capabilities, self.vocabularies[model.name]
-        admission.check_request(body, caps, self.config.ingress)
+        return body, model, self.vocabularies[model.name]
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        body, model, vocab = await self.parse(
+            request, CompletionRequest, lambda caps: admission.rules(caps, self.config.ingress))
+        caps = model.capabilities
+        admission.check_completion(body, caps, self.config.ingress, vocab)
         bias = admission.logit_bias(body, vocab.logits_size)
         prompts = admission.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
         admission.check_prompts(prompts, body, caps)
-        engine_requests = [admission.engine_request(p, body, bias) for p in prompts]
+        engine_requests = [admission.engine_request(p, body, caps, bias) for p in prompts]
         replica = self.replicas[model.name]
         if body.stream:
-            stream = CompletionStream(model.name, body, prompts, vocab)
-            return StreamingResponse(self.events(replica, engine_requests, stream),
-                                     media_type="text/event-stream")
+            return event_stream(self.events(replica, engine_requests,
+                                            CompletionStream(model.name, body, prompts, vocab)))
         if body.prompt_logprobs == -1:
             return await self.full_vocab(request, body, model, prompts, engine_requests)
         results = await generate_all(replica, engine_requests)
         return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        body, model, vocab = await self.parse(
+            request, ChatRequest, lambda caps: admission.rules(caps, self.config.ingress, chat=True))
+        caps = model.capabilities
+        admission.check_chat(body, caps, self.config.ingress, vocab)
+        bias = admission.logit_bias(body, vocab.logits_size)
+        prompt = admission.chat_prompt(body, vocab)
+        admission.check_prompts([prompt], body, caps, "messages")
+        engine_request = admission.engine_request(prompt, body, caps, bias)
+        replica = self.replicas[model.name]
+        if body.stream:
+            return event_stream(self.events(replica, [engine_request],
+                                            ChatStream(model.name, body, [prompt], vocab)))
+        (result,) = await generate_all(replica, [engine_request])
+        return json_response(chat.chat_response(model.name, prompt, result, body, vocab))
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        body, model, vocab = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES)
+        token_ids = tokenizer.tokenize(body, vocab)
+        return json_response({"count": len(token_ids), "max_model_len": model.capabilities.max_model_len,
+                              "tokens": token_ids})
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> Response:
+        body, _, vocab = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES)
+        return json_response({"prompt": tokenizer.detokenize(body, vocab)})
 
     async def full_vocab(self, request: Request, body: CompletionRequest, model: ModelConfig,
                          prompts: list, engine_requests: list) -> StreamingResponse:
@@ -221,7 +271,7 @@ class Ingress:
             raise
 
     async def events(self, replica: DeploymentHandle, engine_requests: list,
-                     stream: CompletionStream) -> AsyncIterator[bytes]:
+                     stream: ChoiceStream) -> AsyncIterator[bytes]:
         """Every prompt's deltas as they come, merged into one event stream."""
         queue: asyncio.Queue = asyncio.Queue()
 

@@ -4,7 +4,7 @@ Schema is the request body, and every refusal is the error envelope."""
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from serve_app.protocol import CompletionRequest
+from serve_app.protocol import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 SCHEMAS = "#/components/schemas/"
 ERROR_SCHEMA = {
@@ -34,29 +34,41 @@ def error_responses(statuses: dict[str, str]) -> dict:
     return {status: {"description": text, "content": content} for status, text in statuses.items()}
 
 
-def completions_operation() -> dict:
+STREAMED = ("; with `stream: true`, server-sent events of {chunk} objects ending in "
+            "`data: [DONE]`")
+OPERATIONS = {  # path: (request model, what a 200 holds)
+    "/v1/completions": (CompletionRequest, "a text_completion object" +
+                        STREAMED.format(chunk="text_completion")),
+    "/v1/chat/completions": (ChatRequest, "a chat.completion object" +
+                             STREAMED.format(chunk="chat.completion.chunk")),
+    "/tokenize": (TokenizeRequest, "`{tokens, count, max_model_len}`"),
+    "/detokenize": (DetokenizeRequest, "`{prompt}`: the text of the tokens"),
+}
+
+
+def operation(model: type, answer: str) -> dict:
+    streams = "stream" in model.model_fields
+    content = {"application/json": {"schema": {"type": "object"}}}
+    if streams:
+        content["text/event-stream"] = {"schema": {"type": "string"}}
     return {
         "requestBody": {"required": True, "content": {
-            "application/json": {"schema": {"$ref": SCHEMAS + "CompletionRequest"}}}},
-        "responses": {
-            "200": {"description": "a text_completion object; with `stream: true`, server-sent "
-                                   "events of text_completion chunks ending in `data: [DONE]`",
-                    "content": {"application/json": {"schema": {"type": "object"}},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
-            **error_responses(ERROR_STATUSES),
-        },
+            "application/json": {"schema": {"$ref": SCHEMAS + model.__name__}}}},
+        "responses": {"200": {"description": answer, "content": content},
+                      **error_responses(ERROR_STATUSES)},
     }
 
 
 def build_openapi(app: FastAPI) -> dict:
     schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
                          routes=app.routes)
-    request = CompletionRequest.model_json_schema(ref_template=SCHEMAS + "{model}")
     components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.update(request.pop("$defs", {}))
-    components["CompletionRequest"] = request
+    for path, (model, answer) in OPERATIONS.items():
+        request = model.model_json_schema(ref_template=SCHEMAS + "{model}")
+        components.update(request.pop("$defs", {}))
+        components[model.__name__] = request
+        schema["paths"][path]["post"].update(operation(model, answer))
     components["Error"] = ERROR_SCHEMA
-    schema["paths"]["/v1/completions"]["post"].update(completions_operation())
     schema["paths"]["/health"]["get"]["responses"].update(
         error_responses({"503": "a model is not ready"}))
     return schema

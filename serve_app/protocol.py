@@ -5,7 +5,7 @@ Unknown fields are refused with their name, so a typo such as `prompt_logprob` f
 Every endpoint's request model derives from StrictRequest and is parsed by `parse_request`.
 """
 
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -29,10 +29,15 @@ class StreamOptions(StrictRequest):
     include_usage: bool = False
 
 
-class CompletionRequest(StrictRequest):
+LogitBias = Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
+
+
+class SamplingRequest(StrictRequest):
+    """The fields /v1/completions and /v1/chat/completions share, with the same rules."""
+
     model: str
-    prompt: Prompt
-    max_tokens: int = Field(16, ge=1)
+    # Omitted: up to the context window (what the prompt leaves of `max_model_len`).
+    max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
     top_p: float = Field(1.0, gt=0, le=1)
     n: int = Field(1, ge=1)
@@ -40,25 +45,89 @@ class CompletionRequest(StrictRequest):
     stop: Stop | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]],
-                          Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    logit_bias: LogitBias | None = None
+    logprob_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+    def token_limit(self) -> tuple[str, int | None]:
+        """The field that bounds the generated tokens, and its value."""
+        return "max_tokens", self.max_tokens
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
     logprobs: int | None = Field(None, ge=0)
     echo: bool = False
     prompt_logprobs: int | None = Field(None, ge=-1)
     logprob_start_len: int | None = Field(None, ge=0)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     # Accepted for OpenAI compatibility when they ask for what the service does anyway.
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
-    user: str | None = None
+
+    def top_k(self) -> int | None:
+        """The top-k of each reported position; None: no logprobs. Labels turn them on."""
+        return 0 if self.logprobs is None and self.logprob_token_ids else self.logprobs
 
 
-def completion_rules(max_logprobs: int | str, max_n: int | str) -> dict[str, str]:
-    """What each field accepts, in words, for error messages."""
+class TextPart(StrictRequest):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictRequest):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+Messages = Annotated[list[ChatMessage], Field(min_length=1)]
+
+
+class ChatRequest(SamplingRequest):
+    messages: Messages
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+
+    def top_k(self) -> int | None:
+        """`top_logprobs > 0` turns `logprobs` on, as labels do."""
+        if self.logprobs or self.top_logprobs or self.logprob_token_ids:
+            return self.top_logprobs or 0
+        return None
+
+    def token_limit(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+
+class TokenizeRequest(StrictRequest):
+    """vLLM's POST /tokenize: a prompt, or chat messages rendered with the model's template."""
+
+    model: str
+    prompt: str | None = None
+    messages: Messages | None = None
+    # Defaults: the tokenizer's special tokens for a prompt (as /v1/completions adds them);
+    # the assistant's opening for messages (as /v1/chat/completions renders them).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+
+
+class DetokenizeRequest(StrictRequest):
+    model: str
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+def sampling_rules(max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    """What each shared field accepts, in words, for error messages."""
     return {
         "model": "a string naming a model from GET /v1/models",
-        "prompt": "a string, a non-empty list of token ids, or a non-empty list of either",
         "max_tokens": "an integer of at least 1",
         "temperature": "a number from 0 to 2",
         "top_p": "a number above 0 and at most 1",
@@ -69,16 +138,51 @@ def completion_rules(max_logprobs: int | str, max_n: int | str) -> dict[str, str
         "frequency_penalty": "a number from -2 to 2",
         "logit_bias": f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) "
                       "to numbers from -100 to 100",
+        "logprob_token_ids": f"a list of 1 to {max_label_ids} distinct token ids",
+        "stream": "a boolean",
+        "stream_options": 'an object {"include_usage": boolean}',
+        "user": "a string",
+    }
+
+
+def completion_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    return {
+        **sampling_rules(max_n, max_label_ids),
+        "prompt": "a string, a non-empty list of token ids, or a non-empty list of either",
         "logprobs": f"an integer from 0 to {max_logprobs}",
         "echo": "a boolean",
         "prompt_logprobs": f"-1 or an integer from 0 to {max_logprobs}",
         "logprob_start_len": "an integer of at least 0",
-        "stream": "a boolean",
-        "stream_options": 'an object {"include_usage": boolean}',
         "best_of": "an integer of at least 1",
         "suffix": "a string",
-        "user": "a string",
     }
+
+
+MESSAGES_RULE = ('a non-empty list of {"role": "system" | "developer" | "user" | "assistant", '
+                 '"content": a string or a list of {"type": "text", "text": string}}')
+
+
+def chat_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    return {
+        **sampling_rules(max_n, max_label_ids),
+        "messages": MESSAGES_RULE,
+        "max_completion_tokens": "an integer of at least 1",
+        "logprobs": "a boolean",
+        "top_logprobs": f"an integer from 0 to {max_logprobs}",
+    }
+
+
+TOKENIZE_RULES = {
+    "model": "a string naming a model from GET /v1/models",
+    "prompt": "a string",
+    "messages": MESSAGES_RULE,
+    "add_special_tokens": "a boolean",
+    "add_generation_prompt": "a boolean",
+}
+DETOKENIZE_RULES = {
+    "model": "a string naming a model from GET /v1/models",
+    "tokens": "a list of token ids",
+}
 
 
 HINTS = {
@@ -99,15 +203,30 @@ def field_error(field: str, rules: dict[str, str], value: object) -> APIError:
     return invalid(field, f"{message}: {hint}" if hint else message)
 
 
+def path(location: tuple) -> str:
+    """A location inside a body as a client writes it: `messages[0].role`."""
+    text = str(location[0])
+    for part in location[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
 def first_error(error: ValidationError, body: dict, rules: dict[str, str]) -> APIError:
-    """The first problem in a request, as an APIError that names the field."""
+    """The first problem in a request, as an APIError that names the (top-level) field."""
     detail = error.errors(include_url=False)[0]
-    field = str(detail["loc"][0]) if detail["loc"] else None
-    if detail["type"] == "extra_forbidden":
+    # Union members tag locations with their type (`list[TextPart]`): not a client's name.
+    location = tuple(p for p in detail["loc"] if isinstance(p, int) or p.isidentifier())
+    field = str(location[0]) if location else None
+    if detail["type"] == "extra_forbidden" and len(location) == 1:
         return invalid(field, f"unknown field {field!r}: the accepted fields are "
                        f"{', '.join(rules)}", "unknown_field")
+    if detail["type"] == "extra_forbidden":
+        return invalid(field, f"unknown field {path(location)!r}: {field} must be {rules[field]}",
+                       "unknown_field")
     if detail["type"] == "missing":
-        return invalid(field, f"{field} is required: {rules[field]}")
+        where = path(location)
+        return invalid(field, f"{where} is required: {field} must be {rules[field]}"
+                       if len(location) > 1 else f"{field} is required: {rules[field]}")
     return field_error(field, rules, body.get(field))
 
 

@@ -7,7 +7,6 @@ log-probability lists into compact arrays (serve_app.scoring); all logic lives e
 import os
 import uuid
 
-import numpy as np
 from ray import serve
 
 from serve_app.config import ModelConfig
@@ -20,9 +19,12 @@ from serve_app.scoring import (
     PositionLogprobs,
     token_array,
 )
+from serve_app.vllm_plugin import PROMPT_LABELS, register
 
 WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
                          logprobs=1, prompt_logprobs=k) for k in (1, -1)]
+LABELS_CHECK = EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=1, temperature=0.0, top_p=1.0,
+                             logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
 
 
 def prepare_process(model: ModelConfig) -> None:
@@ -50,6 +52,21 @@ def engine_args(model: ModelConfig):
     )
 
 
+def label_params(request: EngineRequest) -> dict:
+    """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
+    plugin (serve_app.vllm_plugin) at prompt positions."""
+    labels = request.logprob_token_ids
+    if not labels:
+        return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs}
+    prompt = request.prompt_logprobs is not None
+    return {
+        "logprobs": None,  # vLLM: the labels' count stands for it
+        "logprob_token_ids": labels if request.logprobs is not None else None,
+        "prompt_logprobs": len(labels) if prompt else None,
+        "extra_args": {PROMPT_LABELS: labels} if prompt else None,
+    }
+
+
 def sampling_params(request: EngineRequest, stream: bool = False):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -64,34 +81,10 @@ def sampling_params(request: EngineRequest, stream: bool = False):
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         logit_bias=request.logit_bias,
-        logprobs=request.logprobs,
-        prompt_logprobs=request.prompt_logprobs,
+        **label_params(request),
         flat_logprobs=True,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
-
-
-def keep_full_vocab_as_arrays() -> None:
-    """For prompt_logprobs -1, keep the engine core's sorted [positions, vocab] tensors as
-    arrays: vLLM's LogprobsProcessor would decode and box every entry (millions of them)."""
-    from vllm.v1.engine.logprobs import LogprobsProcessor
-
-    per_entry = LogprobsProcessor._update_prompt_logprobs
-    if getattr(per_entry, "keeps_arrays", False):
-        return
-
-    def update_prompt_logprobs(self, tensors) -> None:
-        if self.num_prompt_logprobs != -1:
-            return per_entry(self, tensors)
-        token_ids, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by rank
-        rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy(),
-                             logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
-        if isinstance(self.prompt_logprobs, FullVocabRows):  # a later prefill chunk
-            rows = self.prompt_logprobs.followed_by(rows)
-        self.prompt_logprobs = rows
-
-    update_prompt_logprobs.keeps_arrays = True
-    LogprobsProcessor._update_prompt_logprobs = update_prompt_logprobs
 
 
 def compact(flat) -> PositionLogprobs | None:
@@ -120,13 +113,24 @@ class ModelReplica:
         prepare_process(model)
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        keep_full_vocab_as_arrays()
+        register()
         self.model = model
         self.requests_received = 0
         self.engine = AsyncLLM.from_engine_args(engine_args(model))
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
         for request in WARM_UP:
             await self.generate(request)
+        await self.check_prompt_labels()
+
+    async def check_prompt_labels(self) -> None:
+        """Prompt labels need the plugin in the engine's own processes (vLLM loads it from the
+        package's entry point): refuse to serve rather than answer a top-k in their place."""
+        result = await self.generate(LABELS_CHECK)
+        got = result.prompt_logprobs.top(1, 2)[0].tolist()
+        if got != LABELS_CHECK.logprob_token_ids:
+            raise RuntimeError(f"vLLM's engine did not load probserve's plugin (labels "
+                               f"{LABELS_CHECK.logprob_token_ids}, got {got}): install the "
+                               "package (pip install -e .) and leave VLLM_PLUGINS unset")
 
     def outputs(self, request: EngineRequest, stream: bool):
         from vllm.inputs import TokensPrompt

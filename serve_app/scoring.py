@@ -2,7 +2,8 @@
 
 A replica returns log-probabilities as flat numpy arrays, never per-entry Python objects:
 position p owns entries `offsets[p]:offsets[p + 1]`; the first entry is the token actually
-there (prompt or sampled) with its true rank, followed by the top-k in rank order.
+there (prompt or sampled) with its true rank, followed by the top-k in rank order, or by the
+labels a request named (`logprob_token_ids`) in its order.
 """
 
 from dataclasses import dataclass, field, fields
@@ -30,6 +31,8 @@ class EngineRequest:
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # top-k of each generated token
     prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
+    # Labels: these ids' logprobs in place of the top-k, wherever logprobs are asked.
+    logprob_token_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class PositionLogprobs:
         return int(self.token_ids[entry]), float(self.logprobs[entry]), int(self.ranks[entry])
 
     def top(self, position: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The k most likely tokens at `position`: ids, logprobs, ranks (1..k)."""
+        """The k entries after the actual token: the top-k (ranks 1..k) or the labels."""
         first = self.offsets[position] + 1
         last = min(first + k, self.offsets[position + 1])
         return self.token_ids[first:last], self.logprobs[first:last], self.ranks[first:last]

@@ -1,4 +1,5 @@
-"""One real service for the whole session: Ray Serve, the app, vLLM on the tiny model."""
+"""One real service for the whole session: Ray Serve, the app, vLLM on three tiny models, one
+per tokenizer family (the first is the one most tests use)."""
 
 import random
 import socket
@@ -7,20 +8,22 @@ import httpx
 import pytest
 
 from serve_app import local
-from serve_app.models import TINY, embedded_model_path
+from serve_app.models import TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
 from tests.e2e.reference import Reference
 
 MODEL = TINY
+FAMILIES = [TINY, TINY_BOS, TINY_SENTENCEPIECE]
 MAX_LOGPROBS = 20
+MAX_LABELS = 16
 MAX_MODEL_LEN = 512
 FULL_VOCAB_MAX = 128
 MAX_SCORED = 256
+CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
+                "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
+                "max_scored_tokens": MAX_SCORED}
 CONFIG = {
-    "models": [{
-        "name": MODEL,
-        "capabilities": {"max_logprobs": MAX_LOGPROBS, "max_model_len": MAX_MODEL_LEN,
-                         "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX, "max_scored_tokens": MAX_SCORED},
-    }],
+    "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5}}
+               for name in FAMILIES],
     "ingress": {"max_batch_prompts": 8, "max_n": 4},
 }
 
@@ -52,8 +55,14 @@ def http(base_url):
 
 
 @pytest.fixture(scope="session")
-def reference():
-    return Reference(embedded_model_path(MODEL))
+def references():
+    """The float32 reference of each model, loaded once."""
+    return {name: Reference(embedded_model_path(name)) for name in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def reference(references):
+    return references[MODEL]
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import FULL_VOCAB_MAX, MAX_LOGPROBS, MAX_MODEL_LEN, MAX_SCORED, MODEL
+from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
+from tests.e2e.text_pieces import assert_pieces, special_tokens
 
 TEXT = "The capital of France is"
 LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text else None"
@@ -13,12 +14,10 @@ LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text e
 def test_models_reports_the_capabilities_validation_enforces(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    (card,) = body["data"]
-    assert card["id"] == MODEL and card["object"] == "model"
-    assert card["capabilities"] == {
-        "max_logprobs": MAX_LOGPROBS, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
-        "max_model_len": MAX_MODEL_LEN, "max_scored_tokens": MAX_SCORED,
-    }
+    assert [card["id"] for card in body["data"]] == FAMILIES
+    for card in body["data"]:
+        assert card["object"] == "model"
+        assert card["capabilities"] == CAPABILITIES
 
 
 def test_health(http):
@@ -84,6 +83,20 @@ def test_max_tokens_bounds_the_completion(complete):
     assert choice["finish_reason"] == ("length" if tokens == 4 else "stop")
 
 
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_max_tokens_omitted_generates_to_the_context_window(http, reference, endpoint):
+    """End-of-text tokens are biased away, so only the window can stop the generation."""
+    specials = {str(i): -100 for i in reference.tokenizer.all_special_ids}
+    prompt = ({"prompt": TEXT} if endpoint == "/v1/completions"
+              else {"messages": [{"role": "user", "content": TEXT}]})
+    response = http.post(endpoint, json={"model": MODEL, **prompt, "temperature": 0,
+                                         "logit_bias": specials})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["total_tokens"] == MAX_MODEL_LEN
+
+
 def test_stop_string_ends_the_text(complete):
     full = complete(prompt=LONGER, max_tokens=12, temperature=0)["choices"][0]["text"]
     stop = full[len(full) // 2:len(full) // 2 + 2]
@@ -100,20 +113,17 @@ def test_logprobs_k_of_generated_tokens(complete, reference, k):
     logprobs = choice["logprobs"]
     generated = logprobs["token_ids"]
     rows = reference.log_softmax(ids + generated)[len(ids) - 1:-1]
-    for row, token_id, token, logprob, top in zip(rows, generated, logprobs["tokens"],
-                                                 logprobs["token_logprobs"], logprobs["top_logprobs"]):
+    for row, token_id, logprob, top in zip(rows, generated, logprobs["token_logprobs"],
+                                           logprobs["top_logprobs"]):
         assert logprob == pytest.approx(row[token_id], abs=TOLERANCE)
-        assert token == reference.tokenizer.decode([token_id])
-        assert top[token] == pytest.approx(logprob, abs=TOLERANCE)
         # Texts can collide (byte tokens all decode to U+FFFD), so the dict may keep fewer.
         assert 1 <= len(top) <= k + 1
         expected = np.sort(row)[::-1][:k]
         for value in top.values():
             assert np.isclose(value, expected, atol=TOLERANCE).any() or \
                 abs(value - row[token_id]) <= TOLERANCE
-    assert logprobs["text_offset"][0] == 0
-    for offset, token in zip(logprobs["text_offset"], logprobs["tokens"]):
-        assert choice["text"][offset:offset + len(token)] == token
+    assert_pieces(choice["text"], logprobs["tokens"], logprobs["text_offset"], generated,
+                  *special_tokens(reference.tokenizer))
 
 
 def test_echo_returns_and_scores_the_prompt(complete, reference):
@@ -127,8 +137,8 @@ def test_echo_returns_and_scores_the_prompt(complete, reference):
     for p in range(1, len(ids)):
         assert logprobs["token_logprobs"][p] == pytest.approx(rows[p][ids[p]], abs=TOLERANCE)
         assert len(logprobs["top_logprobs"][p]) in (3, 4)
-    for offset, token in zip(logprobs["text_offset"], logprobs["tokens"]):
-        assert choice["text"][offset:offset + len(token)] == token
+    assert_pieces(choice["text"], logprobs["tokens"], logprobs["text_offset"],
+                  logprobs["token_ids"], *special_tokens(reference.tokenizer))
 
 
 def test_echo_without_logprobs(complete):

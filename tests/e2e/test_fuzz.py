@@ -1,10 +1,12 @@
-"""Property-based fuzzing of POST /v1/completions over HTTP: random, mutated and malformed
-bodies never get a 5xx, and every 4xx carries the error envelope with a documented code."""
+"""Property-based fuzzing of POST /v1/completions and /v1/chat/completions over HTTP: random,
+mutated and malformed bodies never get a 5xx, every 4xx carries the error envelope with a
+documented code, and the service answers correctly afterwards."""
 
 import collections
 import json
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,10 +16,13 @@ from tests.e2e.test_errors import documented_codes
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "stop",
           "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "echo",
           "prompt_logprobs", "logprob_start_len", "stream", "stream_options", "best_of", "suffix",
-          "user", "prompt_logprob", "top_logprobs", "max_token", "messages"]
+          "user", "prompt_logprob", "top_logprobs", "max_token", "messages", "logprob_token_ids",
+          "max_completion_tokens"]
 BASE = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 2}
+CHAT_BASE = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
 STATS = {"requests": 0, "statuses": collections.Counter(), "codes": collections.Counter()}
-FUZZ = settings(max_examples=400, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 scalars = (st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats()
@@ -40,14 +45,28 @@ near_valid = {
     "logit_bias": st.dictionaries(st.text("0123456789-x", max_size=5), st.floats(-200, 200), max_size=3),
     "echo": st.booleans(), "stream": st.booleans(),
     "seed": st.integers(-3, 2**64),
+    "logprob_token_ids": st.lists(st.integers(-2, 4100), max_size=20),
+}
+near_valid_chat = {
+    **{field: near_valid[field] for field in near_valid if field not in ("prompt", "echo",
+                                                                         "prompt_logprobs",
+                                                                         "logprob_start_len")},
+    "messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool", ""]),
+         "content": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
+             {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=8)}),
+             max_size=2)}), max_size=3),
+    "logprobs": st.booleans() | st.integers(0, 2),
+    "top_logprobs": st.integers(-2, 22),
+    "max_completion_tokens": st.integers(-1, 40),
 }
 mutations = st.lists(
     st.tuples(st.sampled_from(FIELDS), st.sampled_from(["set", "near", "delete"]), json_values),
     min_size=1, max_size=4)
 
 
-def mutate(steps) -> dict:
-    body = dict(BASE)
+def mutate(base: dict, steps) -> dict:
+    body = dict(base)
     for field, action, value in steps:
         if action == "delete":
             body.pop(field, None)
@@ -57,11 +76,11 @@ def mutate(steps) -> dict:
 
 
 @st.composite
-def mutated_bodies(draw) -> dict:
+def mutated_bodies(draw, base: dict, fields: dict) -> dict:
     """Near-valid bodies (each field pushed around its limits), half of them also mutated."""
-    body = mutate(draw(mutations)) if draw(st.booleans()) else dict(BASE)
-    for field in draw(st.lists(st.sampled_from(sorted(near_valid)), min_size=1, max_size=4)):
-        body[field] = draw(near_valid[field])
+    body = mutate(base, draw(mutations)) if draw(st.booleans()) else dict(base)
+    for field in draw(st.lists(st.sampled_from(sorted(fields)), min_size=1, max_size=4)):
+        body[field] = draw(fields[field])
     return body
 
 
@@ -70,9 +89,10 @@ def encode(body) -> bytes:
     return json.dumps(body).encode()
 
 
-def send(http, content: bytes, content_type: str | None = "application/json"):
+def send(http, content: bytes, content_type: str | None = "application/json",
+         path: str = COMPLETIONS):
     headers = {"content-type": content_type} if content_type else {}
-    with http.stream("POST", "/v1/completions", content=content, headers=headers) as response:
+    with http.stream("POST", path, content=content, headers=headers) as response:
         payload = b"".join(response.iter_bytes())
     STATS["requests"] += 1
     STATS["statuses"][response.status_code] += 1
@@ -85,34 +105,52 @@ def send(http, content: bytes, content_type: str | None = "application/json"):
     elif response.headers["content-type"].startswith("text/event-stream"):
         assert b"internal_error" not in payload and payload.endswith(b"data: [DONE]\n\n")
     else:
-        assert orjson.loads(payload)["object"] == "text_completion"
+        assert orjson.loads(payload)["object"] in ("text_completion", "chat.completion")
 
 
-@FUZZ
-@given(body=mutated_bodies())
-def test_mutated_bodies(http, body):
-    send(http, encode(body))
+def fuzz(strategy, check) -> int:
+    """Runs `check` on FUZZ's examples of `strategy`; returns how many ran."""
+    ran = []
+
+    @FUZZ
+    @given(example=strategy)
+    def run(example):
+        ran.append(1)
+        check(example)
+
+    run()
+    return len(ran)
 
 
-@FUZZ
-@given(body=json_values)
-def test_random_json(http, body):
-    send(http, encode(body))
-
-
-@FUZZ
-@given(content=st.binary(max_size=64) | st.text(max_size=64).map(str.encode),
-       content_type=st.sampled_from([None, "application/json", "application/json; charset=utf-8",
-                                     "text/plain", "multipart/form-data", ""]))
-def test_malformed_bodies(http, content, content_type):
-    send(http, content, content_type)
-
-
-def test_still_correct_after_fuzzing(complete, reference, capsys):
+def assert_still_correct(http, reference, capsys) -> None:
     ids = reference.tokenizer.encode(BASE["prompt"])
-    choice = complete(prompt=ids, max_tokens=4, temperature=0, logprobs=0)["choices"][0]
-    assert choice["logprobs"]["token_ids"] == reference.greedy(ids, len(choice["logprobs"]["token_ids"]))
+    response = http.post(COMPLETIONS, json={"model": MODEL, "prompt": ids, "max_tokens": 4,
+                                            "temperature": 0, "logprobs": 0})
+    generated = response.json()["choices"][0]["logprobs"]["token_ids"]
+    assert generated == reference.greedy(ids, len(generated))
     with capsys.disabled():
-        print(f"\nfuzzing: {STATS['requests']} requests, statuses {dict(STATS['statuses'])}, "
+        print(f"\nfuzzing so far: {STATS['requests']} requests, statuses {dict(STATS['statuses'])}, "
               f"codes {dict(sorted(STATS['codes'].items()))}")
-    assert STATS["requests"] >= 3 * FUZZ.max_examples
+
+
+@pytest.mark.parametrize("path, base, fields", [(COMPLETIONS, BASE, near_valid),
+                                                (CHAT, CHAT_BASE, near_valid_chat)])
+def test_mutated_bodies(http, reference, capsys, path, base, fields):
+    ran = fuzz(mutated_bodies(base, fields), lambda body: send(http, encode(body), path=path))
+    assert ran == FUZZ.max_examples
+    assert_still_correct(http, reference, capsys)
+
+
+@pytest.mark.parametrize("path", [COMPLETIONS, CHAT])
+def test_random_json(http, reference, capsys, path):
+    assert fuzz(json_values, lambda body: send(http, encode(body), path=path)) > 0
+    assert_still_correct(http, reference, capsys)
+
+
+def test_malformed_bodies(http, reference, capsys):
+    content_types = st.sampled_from([None, "application/json", "application/json; charset=utf-8",
+                                     "text/plain", "multipart/form-data", ""])
+    contents = st.binary(max_size=64) | st.text(max_size=64).map(str.encode)
+    ran = fuzz(st.tuples(contents, content_types), lambda pair: send(http, *pair))
+    assert ran == FUZZ.max_examples
+    assert_still_correct(http, reference, capsys)

@@ -3,6 +3,8 @@ SDK. Each keeps its document's code; only the base URL and the model name are ch
 tokenizer name too, since a tokenizer is named by its model). The asserts check the values
 they print against the reference."""
 
+import ast
+
 import numpy as np
 import pytest
 from openai import OpenAI
@@ -82,12 +84,18 @@ def test_acs_logprobs(client, reference, capsys):
     choice = resp.choices[0]
     print(choice.text, choice.logprobs.top_logprobs[0])  # {' a': -1.74, ' Paris': -1.99, ...}
 
-    assert capsys.readouterr().out.strip()
+    # What the line shows: the sampled text, then the five likeliest next tokens (six when
+    # the sample is not among them) with the reference's logprobs.
+    printed = capsys.readouterr().out.removesuffix("\n")
+    assert printed.startswith(choice.text + " ")
+    shown = ast.literal_eval(printed[len(choice.text) + 1:])
     row = reference.log_softmax(reference.tokenizer.encode("The capital of France is"))[-1]
-    top = choice.logprobs.top_logprobs[0]
-    assert len(top) in (5, 6)
-    np.testing.assert_allclose(sorted(top.values(), reverse=True)[:5], np.sort(row)[::-1][:5],
-                               atol=TOLERANCE)
+    best = np.argsort(-row)[:5]
+    assert len(shown) in (5, 6)
+    np.testing.assert_allclose(sorted(shown.values(), reverse=True)[:5], row[best], atol=TOLERANCE)
+    assert {reference.tokenizer.decode([int(t)]) for t in best} <= set(shown)
+    sampled = choice.logprobs.token_ids[0]
+    assert shown[reference.tokenizer.decode([sampled])] == pytest.approx(row[sampled], abs=TOLERANCE)
     assert choice.logprobs.text_offset == [0]
 
 

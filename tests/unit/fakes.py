@@ -1,25 +1,25 @@
-"""A vocabulary of single characters, for shaping tests without a real tokenizer."""
+"""Test data for shaping tests: a character tokenizer, log-probability entries."""
 
 import numpy as np
 
 from serve_app.scoring import FullVocabRows, PositionLogprobs
+from serve_app.vocabulary import Vocabulary
 
 
-class CharVocabulary:
-    """Token id i is the i-th character of `alphabet`."""
+def char_vocabulary(alphabet: str, specials: tuple[str, ...] = (),
+                    chat_template: str | None = None) -> Vocabulary:
+    """A real tokenizer whose token i is the i-th character of `alphabet` (then `specials`),
+    built in memory: shaping tests get exact, readable token ids."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
 
-    def __init__(self, alphabet: str):
-        self.strings = list(alphabet)
-        self.size = self.logits_size = len(alphabet)
-
-    def encode(self, text: str) -> list[int]:
-        return [self.strings.index(c) for c in text]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return "".join(self.strings[t] for t in token_ids)
-
-    def token(self, token_id: int) -> str:
-        return self.strings[token_id]
+    symbols = list(alphabet) + list(specials)
+    chars = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(symbols)}, merges=[]))
+    chars.decoder = decoders.Fuse()
+    chars.add_special_tokens(list(specials))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=chars)
+    tokenizer.chat_template = chat_template
+    return Vocabulary(tokenizer, len(symbols))
 
 
 def positions(*rows) -> PositionLogprobs:

@@ -4,10 +4,10 @@ from serve_app import admission
 from serve_app.config import Capabilities, IngressConfig
 from serve_app.errors import APIError
 from serve_app.protocol import CompletionRequest, parse_request
-from tests.unit.fakes import CharVocabulary
+from tests.unit.fakes import char_vocabulary
 
-VOCAB = CharVocabulary("abcdé€ xyz")
-CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8,
+VOCAB = char_vocabulary("abcdé€ xyz")
+CAPS = Capabilities(max_logprobs=5, max_model_len=32, max_scored_tokens=8, max_logprob_token_ids=8,
                     full_vocab_max_prompt_tokens=4)
 INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
 
@@ -19,7 +19,7 @@ def request(**fields):
 
 def admit(**fields):
     body = request(**fields)
-    admission.check_request(body, CAPS, INGRESS)
+    admission.check_completion(body, CAPS, INGRESS, VOCAB)
     prompts = admission.prompt_inputs(body.prompt, VOCAB, INGRESS.max_batch_prompts)
     admission.check_prompts(prompts, body, CAPS)
     return body, prompts
@@ -82,14 +82,14 @@ def test_batches_of_each_kind():
 ])
 def test_engine_prompt_top_k_covers_every_use(fields, expected):
     body, (prompt,) = admit(**fields)
-    assert admission.engine_request(prompt, body).prompt_logprobs == expected
+    assert admission.engine_request(prompt, body, CAPS).prompt_logprobs == expected
 
 
 def test_stop_becomes_a_list():
     body, (prompt,) = admit(stop="x")
-    assert admission.engine_request(prompt, body).stop == ["x"]
+    assert admission.engine_request(prompt, body, CAPS).stop == ["x"]
     body, (prompt,) = admit(stop=["", "y"])
-    assert admission.engine_request(prompt, body).stop == ["y"]
+    assert admission.engine_request(prompt, body, CAPS).stop == ["y"]
 
 
 def test_logit_bias_keys_are_token_ids():
@@ -98,3 +98,30 @@ def test_logit_bias_keys_are_token_ids():
         with pytest.raises(APIError) as caught:
             admission.logit_bias(request(logit_bias={key: 1}), 10)
         assert (caught.value.param, caught.value.code) == ("logit_bias", "invalid_token_id")
+
+
+@pytest.mark.parametrize("fields, param, code", [
+    ({"logprob_token_ids": [1, 2, 3, 4, 5, 6, 7, 8, 9]}, "logprob_token_ids", "invalid_request"),
+    ({"logprob_token_ids": [1, 1]}, "logprob_token_ids", "invalid_request"),
+    ({"logprob_token_ids": [10]}, "logprob_token_ids", "invalid_token_id"),
+    ({"logprob_token_ids": [1], "logprobs": 1}, "logprobs", "invalid_combination"),
+    ({"logprob_token_ids": [1], "prompt_logprobs": 0}, "prompt_logprobs", "invalid_combination"),
+])
+def test_label_refusals(fields, param, code):
+    error = refusal(**fields)
+    assert (error.param, error.code) == (param, code)
+
+
+def test_labels_turn_logprobs_on_where_they_are_reported():
+    body, (prompt,) = admit(logprob_token_ids=[4, 1], echo=True)
+    engine = admission.engine_request(prompt, body, CAPS)
+    assert (engine.logprobs, engine.prompt_logprobs, engine.logprob_token_ids) == (0, 0, [4, 1])
+    body, (prompt,) = admit(logprob_token_ids=[4])
+    assert admission.engine_request(prompt, body, CAPS).prompt_logprobs is None
+
+
+def test_max_tokens_omitted_fills_the_context():
+    body, (prompt,) = admit(prompt="abc")
+    assert admission.engine_request(prompt, body, CAPS).max_tokens == CAPS.max_model_len - 3
+    error = refusal(prompt="abc" * 11)  # 33 tokens: no room left in 32
+    assert (error.param, error.code) == ("prompt", "context_length_exceeded")

@@ -6,7 +6,7 @@ from serve_app import admission, completions
 from serve_app.full_vocab import EntryFragments
 from serve_app.scoring import Completion, EngineResult
 from tests.unit.fakes import full_vocab_rows, positions
-from tests.unit.test_admission import VOCAB, admit
+from tests.unit.test_admission import CAPS, VOCAB, admit
 
 PROMPT_ENTRIES = positions(
     None,
@@ -90,10 +90,6 @@ def test_usage_and_choice_indices():
     assert response["object"] == "text_completion" and response["model"] == "m"
 
 
-def test_offsets_count_code_points():
-    assert completions.code_point_offsets(["é€", "a", "€"], base=2) == [2, 4, 5]
-
-
 def test_full_vocab_arrays_are_streamed_into_the_body():
     body, prompts = admit(prompt=["abc", "a"], prompt_logprobs=-1, echo=True, logprobs=1, n=2)
     results = []
@@ -119,7 +115,7 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
 @pytest.mark.parametrize("temperature", [0, 1e-6])
 def test_greedy_choices_are_generated_once(temperature):
     body, (prompt,) = admit(n=2, temperature=temperature)
-    assert admission.engine_request(prompt, body).n == 1
+    assert admission.engine_request(prompt, body, CAPS).n == 1
     response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
     assert [c["index"] for c in response["choices"]] == [0, 1]
     assert response["usage"]["completion_tokens"] == 4

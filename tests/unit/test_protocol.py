@@ -4,7 +4,7 @@ from serve_app.errors import APIError
 from serve_app.protocol import CompletionRequest, completion_rules, parse_request
 
 BASE = {"model": "m", "prompt": "hello"}
-RULES = completion_rules(max_logprobs=100, max_n=8)
+RULES = completion_rules(max_logprobs=100, max_n=8, max_label_ids=4)
 
 
 def parse(body: dict) -> CompletionRequest:

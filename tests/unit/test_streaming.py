@@ -5,14 +5,14 @@ from serve_app import admission
 from serve_app.protocol import CompletionRequest, completion_rules, parse_request
 from serve_app.scoring import Completion, EngineResult
 from serve_app.streaming import DONE, CompletionStream
-from tests.unit.fakes import CharVocabulary, positions
+from tests.unit.fakes import char_vocabulary, positions
 
-VOCAB = CharVocabulary("abcdé€ xyz")
+VOCAB = char_vocabulary("abcdé€ xyz")
 
 
 def stream_for(**fields) -> CompletionStream:
     body = parse_request(CompletionRequest, {"model": "m", "prompt": "ab", "stream": True, **fields},
-                         completion_rules(5, 4))
+                         completion_rules(5, 4, 8))
     prompts = admission.prompt_inputs(body.prompt, VOCAB, 8)
     return CompletionStream("m", body, prompts, VOCAB)
 
