@@ -25,7 +25,7 @@ serve: venv
 
 test: venv
 	$(VENV)/bin/ruff check serve_app tests bench
-	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece
+	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
 	$(PY) -m pytest tests
 
 unit: venv

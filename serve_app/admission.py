@@ -183,7 +183,8 @@ def check_prompts(prompts: list[PromptInput], request: SamplingRequest, caps: Ca
     for index, prompt in enumerate(prompts):
         check_prompt(prompt, prompt_name(index), request, caps, prompt_field)
     total = sum(len(p.token_ids) for p in prompts)
-    if getattr(request, "prompt_logprobs", None) == -1 and total > caps.full_vocab_max_prompt_tokens:
+    full_vocab = isinstance(request, CompletionRequest) and request.prompt_logprobs == -1
+    if full_vocab and total > caps.full_vocab_max_prompt_tokens:
         # The cap bounds the rows one request holds, so a batch counts as a whole.
         counted = "the prompt has" if len(prompts) == 1 else "the batch's prompts have together"
         raise invalid("prompt", f"{counted} {total} tokens; prompt_logprobs: -1 (the full "

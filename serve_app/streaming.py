@@ -8,6 +8,7 @@ them into `data: {...}` events, one choice per event, then an optional usage eve
 
 import time
 import uuid
+from abc import ABC, abstractmethod
 
 import orjson
 
@@ -26,7 +27,7 @@ def event(payload: dict) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-class ChoiceStream:
+class ChoiceStream(ABC):
     """What both endpoints' streams share: choices fed by deltas, pieces, usage, the end."""
 
     object_name = ""
@@ -64,8 +65,9 @@ class ChoiceStream:
         text_end = self.text_lengths[index] if completion.finish_reason else None
         return event({**self.header, "choices": [self.choice(index, completion, text_end, first)]})
 
+    @abstractmethod
     def choice(self, index: int, completion: Completion, text_end: int | None, first: bool) -> dict:
-        raise NotImplementedError
+        """One choice of a chunk, in the endpoint's shape."""
 
     def closing_events(self) -> list[bytes]:
         options = self.request.stream_options

@@ -1,5 +1,6 @@
 """One real service for the whole session: Ray Serve, the app, vLLM on three tiny models, one
-per tokenizer family (the first is the one most tests use)."""
+per tokenizer family (the first is the one most tests use), and the embedded default model,
+on which the documentation's examples run as they are written."""
 
 import random
 import socket
@@ -8,7 +9,7 @@ import httpx
 import pytest
 
 from serve_app import local
-from serve_app.models import TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from serve_app.models import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
 from tests.e2e.reference import Reference
 
 MODEL = TINY
@@ -23,7 +24,7 @@ CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABEL
                 "max_scored_tokens": MAX_SCORED}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5}}
-               for name in FAMILIES],
+               for name in FAMILIES] + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
     "ingress": {"max_batch_prompts": 8, "max_n": 4},
 }
 

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from serve_app.config import Capabilities
+from serve_app.models import SMOLLM2
 from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
 from tests.e2e.text_pieces import assert_pieces, special_tokens
@@ -14,10 +16,11 @@ LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text e
 def test_models_reports_the_capabilities_validation_enforces(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    assert [card["id"] for card in body["data"]] == FAMILIES
-    for card in body["data"]:
+    assert [card["id"] for card in body["data"]] == FAMILIES + [SMOLLM2]
+    for card in body["data"][:len(FAMILIES)]:
         assert card["object"] == "model"
         assert card["capabilities"] == CAPABILITIES
+    assert body["data"][-1]["capabilities"] == Capabilities().model_dump()  # the defaults
 
 
 def test_health(http):
