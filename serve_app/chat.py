@@ -5,11 +5,10 @@ Pure functions over plain data. A token's `bytes` are the UTF-8 of its piece of 
 of the content, has `bytes: null`.
 """
 
-import time
 import uuid
 
 from serve_app.admission import PromptInput
-from serve_app.completions import choice_completions, finite, reported_width, usage
+from serve_app.completions import choice_completions, finite, reported_width, response_object, usage
 from serve_app.protocol import ChatRequest
 from serve_app.scoring import Completion, EngineResult, PositionLogprobs
 from serve_app.token_text import GeneratedPieces, Pieces
@@ -60,11 +59,5 @@ def chat_response(model: str, prompt: PromptInput, result: EngineResult, request
          "finish_reason": completion.finish_reason}
         for index, completion in enumerate(completions)
     ]
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage([prompt], [completions]),
-    }
+    return response_object(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", model, choices,
+                           usage([prompt], [completions]))

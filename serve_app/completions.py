@@ -157,14 +157,14 @@ def completion_response(model: str, prompts: list[PromptInput], results: list[En
         for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
         for j, completion in enumerate(completions)
     ]
-    return {
-        "id": f"cmpl-{nonce}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage(prompts, per_prompt),
-    }
+    return response_object(f"cmpl-{nonce}", "text_completion", model, choices,
+                           usage(prompts, per_prompt))
+
+
+def response_object(response_id: str, object_name: str, model: str, choices: list[dict],
+                    counts: dict) -> dict:
+    return {"id": response_id, "object": object_name, "created": int(time.time()), "model": model,
+            "choices": choices, "usage": counts}
 
 
 def usage(prompts: list[PromptInput], per_prompt: list[list[Completion]]) -> dict:

@@ -155,13 +155,15 @@ async def generate_all(replica: DeploymentHandle, engine_requests: list) -> list
     return await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
 
 
-def model_card(model: ModelConfig, created: int) -> dict:
+def model_card(model: ModelConfig, created: int, vocab: Vocabulary) -> dict:
     return {
         "id": model.name,
         "object": "model",
         "created": created,
         "owned_by": "probserve",
         "max_model_len": model.capabilities.max_model_len,
+        # Whether /v1/chat/completions serves it: its tokenizer has a chat template.
+        "chat": vocab.chat_template is not None,
         "capabilities": model.capabilities.model_dump(),
     }
 
@@ -195,7 +197,7 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self) -> Response:
-        cards = [model_card(m, self.created) for m in self.config.models]
+        cards = [model_card(m, self.created, self.vocabularies[m.name]) for m in self.config.models]
         return json_response({"object": "list", "data": cards})
 
     async def parse(self, request: Request, kind: type[StrictRequest],

@@ -2,12 +2,12 @@
 token, logprobs match the reference, streams add up, and /v1/completions' rules hold here too."""
 
 import numpy as np
-import orjson
 import pytest
 from openai import OpenAI
 
 from tests.e2e.conftest import MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.sse import stream_events
 
 MESSAGES = [{"role": "system", "content": "You answer briefly."},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -73,13 +73,8 @@ def test_seed_and_stop(http):
 
 
 def events(http, **fields) -> list[dict]:
-    body = {"model": MODEL, "messages": MESSAGES, "stream": True, **fields}
-    with http.stream("POST", "/v1/chat/completions", json=body) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    return [orjson.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    return stream_events(http, "/v1/chat/completions",
+                         {"model": MODEL, "messages": MESSAGES, "stream": True, **fields})
 
 
 def test_a_stream_adds_up_to_the_plain_answer(http):
@@ -117,6 +112,12 @@ def test_content_as_text_parts(http):
                                                        "max_tokens": 4, "temperature": 0}).json()
     plain = chat(http, max_tokens=4, temperature=0)
     assert as_parts["choices"][0]["message"] == plain["choices"][0]["message"]
+
+
+def test_models_say_which_serve_chat(http):
+    cards = {card["id"]: card["chat"] for card in http.get("/v1/models").json()["data"]}
+    assert cards == {"tiny-llama": True, "tiny-llama3": True, "tiny-sentencepiece": False,
+                     "smollm2-135m-instruct": True}
 
 
 def test_a_model_without_a_template_says_so(http):

@@ -3,11 +3,11 @@ rank, at generated positions (vLLM's own) and at scored prompt positions (probse
 plugin), on both endpoints; checked against the reference."""
 
 import numpy as np
-import orjson
 import pytest
 
 from tests.e2e.conftest import MAX_LABELS, MODEL
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.sse import stream_events
 
 TEXT = "The capital of France is"
 LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text else None"
@@ -90,11 +90,9 @@ def test_chat_lists_the_labels_in_order(http, reference):
 def test_streamed_generation_reports_labels(http, complete, reference):
     labels = labels_by_rank(reference, reference.log_softmax(reference.tokenizer.encode(TEXT))[-1], [1, 50])
     plain = complete(prompt=TEXT, max_tokens=3, temperature=0, logprob_token_ids=labels)
-    body = {"model": MODEL, "prompt": TEXT, "max_tokens": 3, "temperature": 0,
-            "logprob_token_ids": labels, "stream": True}
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        chunks = [orjson.loads(line[6:]) for line in response.iter_lines()
-                  if line.startswith("data: {")]
+    chunks = stream_events(http, "/v1/completions", {
+        "model": MODEL, "prompt": TEXT, "max_tokens": 3, "temperature": 0,
+        "logprob_token_ids": labels, "stream": True})
     streamed = [top for c in chunks for top in c["choices"][0]["logprobs"]["top_logprobs"]]
     expected = plain["choices"][0]["logprobs"]["top_logprobs"]
     assert [set(t) for t in streamed] == [set(t) for t in expected]

@@ -1,23 +1,17 @@
 """stream: true: server-sent events that add up to the non-streamed answer."""
 
-import orjson
 import pytest
 
 from tests.e2e.conftest import MODEL
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.sse import stream_events
 
 TEXT = "The capital of France is"
 
 
 def events(http, **fields) -> list:
-    body = {"model": MODEL, "prompt": TEXT, "stream": True, **fields}
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("text/event-stream")
-        lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    assert all(line.startswith("data: ") for line in lines)
-    return [orjson.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    return stream_events(http, "/v1/completions", {"model": MODEL, "prompt": TEXT, "stream": True,
+                                                   **fields})
 
 
 def joined(chunks: list, index: int) -> dict:
