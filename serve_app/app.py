@@ -20,10 +20,12 @@ def build_app(args: dict) -> Application:
             autoscaling_config=model.autoscaling_config,
             ray_actor_options=model.ray_actor_options,
             max_ongoing_requests=model.max_ongoing_requests,
+            max_queued_requests=model.max_queued_requests,
         ).bind(model)
         for model in config.models
     }
     return Ingress.options(
+        max_ongoing_requests=config.ingress.max_ongoing_requests,
         autoscaling_config=config.ingress.autoscaling_config,
         ray_actor_options=config.ingress.ray_actor_options,
     ).bind(config, replicas)

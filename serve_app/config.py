@@ -62,7 +62,12 @@ class ModelConfig(Strict):
     # GiB of KV cache on a CPU host (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
     cpu_kv_cache_gib: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    max_ongoing_requests: int = Field(32, ge=1)
+    # Requests one replica hands its engine at once: vLLM batches them, so this is what lets a
+    # replica fill a batch; beyond it requests wait in the ingress's router.
+    max_ongoing_requests: int = Field(64, ge=1)
+    # Requests waiting for a replica beyond those, per ingress replica; more are refused with
+    # 503 `overloaded`.
+    max_queued_requests: int = Field(128, ge=0)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
 
@@ -85,6 +90,15 @@ class IngressConfig(Strict):
     # Full-vocabulary requests one ingress replica holds at once, from the replica call to the
     # last byte (each can hold hundreds of MB of rows); the others wait for a slot.
     max_full_vocab_requests: int = Field(2, ge=1)
+    # How long a full-vocabulary request waits for a slot, and how many wait at most, before
+    # 503 `overloaded`: a flood of them must not hold the ingress.
+    full_vocab_wait_s: float = Field(30, ge=0)
+    max_full_vocab_waiting: int = Field(16, ge=0)
+    # Retry-After (seconds) on a 503 `overloaded`.
+    retry_after_s: int = Field(1, ge=0)
+    # Requests one ingress replica works on at once. It only parses, tokenizes and awaits
+    # replicas, so it takes hundreds; Ray Serve's default (5) made the proxy queue the rest.
+    max_ongoing_requests: int = Field(512, ge=1)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
 
@@ -98,6 +112,22 @@ class AppConfig(Strict):
         names = [model.name for model in self.models]
         if len(names) != len(set(names)):
             raise ValueError(f"model names must be unique, got {names}")
+        return self
+
+    @model_validator(mode="after")
+    def ingress_holds_what_it_may_be_sent(self) -> "AppConfig":
+        """Beyond its max_ongoing_requests, an ingress replica's requests wait in Ray Serve's
+        proxy, unbounded and unanswered: the bounds behind it must be full first, so that the
+        ingress answers 503 `overloaded` itself."""
+        held = self.ingress.max_full_vocab_requests + self.ingress.max_full_vocab_waiting + sum(
+            model.max_ongoing_requests * model.autoscaling_config.get("max_replicas", 1)
+            + model.max_queued_requests for model in self.models)
+        if self.ingress.max_ongoing_requests < held:
+            raise ValueError(
+                f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must be at "
+                f"least {held}: the requests the models take and queue (max_ongoing_requests x "
+                "max_replicas + max_queued_requests, each) and the full-vocabulary slots and "
+                "waiters")
         return self
 
     def model(self, name: str) -> ModelConfig | None:

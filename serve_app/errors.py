@@ -15,12 +15,14 @@ ERROR_TYPES = {
 class APIError(Exception):
     """A request the service refuses, with what a client program needs to act on it."""
 
-    def __init__(self, status: int, code: str, message: str, param: str | None = None):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.param = param
+        self.headers = headers
 
     def envelope(self) -> dict:
         return error_envelope(self.status, self.code, self.message, self.param)
@@ -33,3 +35,9 @@ def error_envelope(status: int, code: str, message: str, param: str | None = Non
 
 def invalid(param: str | None, message: str, code: str = "invalid_request") -> APIError:
     return APIError(HTTPStatus.BAD_REQUEST, code, message, param)
+
+
+def overloaded(message: str, retry_after_s: int) -> APIError:
+    """A request refused because a bound is full: the client may retry after a while."""
+    return APIError(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded", message,
+                    headers={"Retry-After": str(retry_after_s)})

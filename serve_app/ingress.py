@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from starlette.concurrency import iterate_in_threadpool
 from starlette.exceptions import HTTPException
@@ -21,7 +22,7 @@ from starlette.exceptions import HTTPException
 from serve_app import admission, chat, completions, tokenizer
 from serve_app.compression import accepts_gzip, gzip_chunks
 from serve_app.config import AppConfig, Capabilities, ModelConfig
-from serve_app.errors import APIError, error_envelope
+from serve_app.errors import APIError, error_envelope, overloaded
 from serve_app.full_vocab import EntryFragments
 from serve_app.openapi import install_openapi
 from serve_app.protocol import (
@@ -47,13 +48,14 @@ install_openapi(app)
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def json_response(body: dict, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+def json_response(body: dict, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json",
+                    headers=headers)
 
 
 @app.exception_handler(APIError)
 async def api_error(_: Request, error: APIError) -> Response:
-    return json_response(error.envelope(), error.status)
+    return json_response(error.envelope(), error.status, error.headers)
 
 
 @app.exception_handler(HTTPException)
@@ -136,8 +138,16 @@ async def released_after(chunks: Iterator[bytes], release: Callable[[], None]) -
         release()
 
 
-def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream")
+async def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
+    """Server-sent events, once the first is ready: a request refused before it (the model's
+    queue is full) still gets its HTTP status instead of a 200 stream."""
+    first = await anext(events)
+
+    async def all_events() -> AsyncIterator[bytes]:
+        yield first
+        async for chunk in events:
+            yield chunk
+    return StreamingResponse(all_events(), media_type="text/event-stream")
 
 
 def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
@@ -151,8 +161,23 @@ def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
 
 
 async def generate_all(replica: DeploymentHandle, engine_requests: list) -> list:
-    """Every prompt's engine request, sent at once: the replica batches them."""
-    return await asyncio.gather(*(replica.generate.remote(r) for r in engine_requests))
+    """Every prompt's engine request, sent at once: the replica batches them. If one fails
+    (its queue is full), the others are cancelled, which aborts them in the engine."""
+    calls = [asyncio.ensure_future(replica.generate.remote(r)) for r in engine_requests]
+    try:
+        return await asyncio.gather(*calls)
+    except BaseException:
+        for call in calls:
+            call.cancel()
+        raise
+
+
+def stream_failure(error: Exception) -> dict:
+    """The error event of a stream that has started."""
+    if isinstance(error, APIError):
+        return error.envelope()
+    logger.exception("stream failed", exc_info=error)
+    return error_envelope(500, "internal_error", f"the stream failed: {error}")
 
 
 def model_card(model: ModelConfig, created: int, vocab: Vocabulary) -> dict:
@@ -178,6 +203,7 @@ class Ingress:
         self.fragments = {name: EntryFragments(v.strings) for name, v in self.vocabularies.items()}
         self.created = int(time.time())
         self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
+        self.full_vocab_waiting = 0
 
     def model(self, name: str) -> ModelConfig:
         model = self.config.model(name)
@@ -221,11 +247,11 @@ class Ingress:
         engine_requests = [admission.engine_request(p, body, caps, bias) for p in prompts]
         replica = self.replicas[model.name]
         if body.stream:
-            return event_stream(self.events(replica, engine_requests,
-                                            CompletionStream(model.name, body, prompts, vocab)))
+            return await event_stream(self.events(replica, engine_requests,
+                                                  CompletionStream(model.name, body, prompts, vocab)))
         if body.prompt_logprobs == -1:
             return await self.full_vocab(request, body, model, prompts, engine_requests)
-        results = await generate_all(replica, engine_requests)
+        results = await self.generate(model.name, engine_requests)
         return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
 
     @app.post("/v1/chat/completions")
@@ -240,9 +266,9 @@ class Ingress:
         engine_request = admission.engine_request(prompt, body, caps, bias)
         replica = self.replicas[model.name]
         if body.stream:
-            return event_stream(self.events(replica, [engine_request],
-                                            ChatStream(model.name, body, [prompt], vocab)))
-        (result,) = await generate_all(replica, [engine_request])
+            return await event_stream(self.events(replica, [engine_request],
+                                                  ChatStream(model.name, body, [prompt], vocab)))
+        (result,) = await self.generate(model.name, [engine_request])
         return json_response(chat.chat_response(model.name, prompt, result, body, vocab))
 
     @app.post("/tokenize")
@@ -260,10 +286,10 @@ class Ingress:
     async def full_vocab(self, request: Request, body: CompletionRequest, model: ModelConfig,
                          prompts: list, engine_requests: list) -> StreamingResponse:
         """prompt_logprobs -1: the whole distributions, streamed; a bounded number at once."""
-        await self.full_vocab_slots.acquire()
+        await self.full_vocab_slot()
         release = once(self.full_vocab_slots.release)
         try:
-            results = await generate_all(self.replicas[model.name], engine_requests)
+            results = await self.generate(model.name, engine_requests)
             response = completions.completion_response(
                 model.name, prompts, results, body, self.vocabularies[model.name])
             chunks = completions.streamed_body(response, results, self.fragments[model.name])
@@ -271,6 +297,35 @@ class Ingress:
         except BaseException:
             release()
             raise
+
+    def refusal(self, error: Exception) -> Exception:
+        """A model's full queue, as the client's 503 `overloaded`; other errors as they are."""
+        if not isinstance(error, BackPressureError):
+            return error
+        return overloaded("the model's queue is full (max_queued_requests): retry later",
+                          self.config.ingress.retry_after_s)
+
+    async def generate(self, model: str, engine_requests: list) -> list:
+        try:
+            return await generate_all(self.replicas[model], engine_requests)
+        except BackPressureError as error:
+            raise self.refusal(error) from None
+
+    async def full_vocab_slot(self) -> None:
+        """A slot, within the configured wait and number of waiters, else 503 `overloaded`."""
+        limits = self.config.ingress
+        busy = overloaded(f"all {limits.max_full_vocab_requests} full-vocabulary slots of this "
+                          f"replica are busy and {limits.max_full_vocab_waiting} requests wait for "
+                          "one: retry later", limits.retry_after_s)
+        if self.full_vocab_slots.locked() and self.full_vocab_waiting >= limits.max_full_vocab_waiting:
+            raise busy
+        self.full_vocab_waiting += 1
+        try:
+            await asyncio.wait_for(self.full_vocab_slots.acquire(), limits.full_vocab_wait_s)
+        except TimeoutError:
+            raise busy from None
+        finally:
+            self.full_vocab_waiting -= 1
 
     async def events(self, replica: DeploymentHandle, engine_requests: list,
                      stream: ChoiceStream) -> AsyncIterator[bytes]:
@@ -283,19 +338,23 @@ class Ingress:
 
         tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(engine_requests)]
         done = asyncio.gather(*tasks)
+        started = False
         try:
             while not (done.done() and queue.empty()):
                 getter = asyncio.ensure_future(queue.get())
                 await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     for chunk in stream.events(*getter.result()):
+                        started = True
                         yield chunk
                 else:
                     getter.cancel()
             done.result()
-        except Exception as error:  # the response has started: report in the stream
-            logger.exception("stream failed")
-            yield event(error_envelope(500, "internal_error", f"the stream failed: {error}"))
+        except Exception as error:
+            error = self.refusal(error)
+            if not started:  # nothing sent: the client gets the HTTP error
+                raise error from None
+            yield event(stream_failure(error))
         finally:
             for task in tasks:
                 task.cancel()

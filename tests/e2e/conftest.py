@@ -22,10 +22,13 @@ MAX_SCORED = 256
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
+# The overload tests flood this one: it takes 2 requests at once and queues 2 more.
+SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2}
 CONFIG = {
-    "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5}}
-               for name in FAMILIES] + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
-    "ingress": {"max_batch_prompts": 8, "max_n": 4},
+    "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
+                **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {})} for name in FAMILIES]
+    + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
+    "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024},
 }
 
 

@@ -40,3 +40,11 @@ def test_deployment_files_build(path):
 def test_autoscaling_config_is_checked(autoscaling):
     with pytest.raises(ValidationError, match="autoscaling_config"):
         AppConfig(models=[{"name": "tiny-llama", "autoscaling_config": autoscaling}])
+
+
+def test_the_ingress_must_hold_what_its_models_take_and_queue():
+    models = [{"name": "tiny-llama", "max_ongoing_requests": 100, "max_queued_requests": 100,
+               "autoscaling_config": {"min_replicas": 1, "max_replicas": 2}}]
+    with pytest.raises(ValueError, match="at least 318"):
+        AppConfig(models=models, ingress={"max_ongoing_requests": 317})
+    AppConfig(models=models, ingress={"max_ongoing_requests": 318})

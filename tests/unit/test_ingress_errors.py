@@ -1,12 +1,15 @@
 """The two error rows a healthy service cannot show over HTTP: the handlers themselves."""
 
 import asyncio
+from functools import partial
 from types import SimpleNamespace
 
 import orjson
 import pytest
+from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
+from serve_app.config import IngressConfig
 from serve_app.errors import APIError
 from serve_app.ingress import Ingress, internal_error
 
@@ -33,10 +36,10 @@ def test_internal_error_is_an_envelope():
 
 
 class BreakingStream:
-    """A replica handle whose stream yields one delta, then fails."""
+    """A replica handle whose stream yields some deltas, then fails."""
 
-    def __init__(self, delta):
-        self.delta = delta
+    def __init__(self, deltas: list, error: Exception):
+        self.deltas, self.error = deltas, error
 
     def options(self, stream: bool):
         return self
@@ -46,20 +49,72 @@ class BreakingStream:
         return self
 
     async def remote(self, request):
-        yield self.delta
-        raise RuntimeError("replica died")
+        for delta in self.deltas:
+            yield delta
+        raise self.error
 
 
-def test_a_failing_stream_ends_with_an_error_event_then_done():
-    from tests.unit.test_streaming import delta, stream_for
+INGRESS = SimpleNamespace(config=SimpleNamespace(ingress=IngressConfig(retry_after_s=2)))
+INGRESS.refusal = partial(Ingress.func_or_class.refusal, INGRESS)
+QUEUE_FULL = BackPressureError(num_queued_requests=3, max_queued_requests=3)
 
-    stream = stream_for()
-    events = Ingress.func_or_class.events(SimpleNamespace(), BreakingStream(delta(0, [1])), [None], stream)
 
-    async def collect():
-        return [chunk async for chunk in events]
+def collect(handle) -> list[bytes]:
+    from tests.unit.test_streaming import stream_for
 
-    chunks = asyncio.run(collect())
+    async def run():
+        return [chunk async for chunk in Ingress.func_or_class.events(INGRESS, handle, [None], stream_for())]
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("error, code", [(RuntimeError("replica died"), "internal_error"),
+                                         (QUEUE_FULL, "overloaded")])
+def test_a_stream_that_fails_once_started_ends_with_an_error_event_then_done(error, code):
+    from tests.unit.test_streaming import delta
+
+    chunks = collect(BreakingStream([delta(0, [1])], error))
     assert orjson.loads(chunks[0].removeprefix(b"data: "))["choices"][0]["text"] == "b"
-    assert orjson.loads(chunks[1].removeprefix(b"data: "))["error"]["code"] == "internal_error"
+    assert orjson.loads(chunks[1].removeprefix(b"data: "))["error"]["code"] == code
     assert chunks[2] == b"data: [DONE]\n\n"
+
+
+def test_a_stream_refused_before_it_starts_is_an_http_error():
+    with pytest.raises(APIError) as caught:
+        collect(BreakingStream([], QUEUE_FULL))
+    assert (caught.value.status, caught.value.code) == (503, "overloaded")
+    assert caught.value.headers == {"Retry-After": "2"}
+
+
+def slot_holder(**limits) -> SimpleNamespace:
+    config = IngressConfig(max_full_vocab_requests=1, **limits)
+    ingress = SimpleNamespace(config=SimpleNamespace(ingress=config),
+                              full_vocab_slots=asyncio.Semaphore(1), full_vocab_waiting=0)
+    ingress.slot = partial(Ingress.func_or_class.full_vocab_slot, ingress)
+    return ingress
+
+
+def test_a_full_vocab_request_waits_for_a_slot_at_most_the_configured_time():
+    async def run():
+        ingress = slot_holder(full_vocab_wait_s=0.05, max_full_vocab_waiting=4)
+        await ingress.slot()
+        with pytest.raises(APIError) as caught:
+            await ingress.slot()
+        assert (caught.value.status, caught.value.code) == (503, "overloaded")
+        assert ingress.full_vocab_waiting == 0
+        ingress.full_vocab_slots.release()
+        await ingress.slot()  # free again
+    asyncio.run(run())
+
+
+def test_beyond_the_waiters_bound_a_request_is_refused_at_once():
+    async def run():
+        ingress = slot_holder(full_vocab_wait_s=30, max_full_vocab_waiting=1)
+        await ingress.slot()
+        waiter = asyncio.create_task(ingress.slot())
+        await asyncio.sleep(0)
+        with pytest.raises(APIError) as caught:
+            await asyncio.wait_for(ingress.slot(), 1)  # not the 30 s wait
+        assert caught.value.code == "overloaded"
+        ingress.full_vocab_slots.release()
+        await waiter
+    asyncio.run(run())

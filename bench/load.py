@@ -1,0 +1,213 @@
+"""Load: named workloads against probserve and vLLM's own OpenAI server, side by side in one run.
+
+Both serve the embedded SmolLM2-135M-Instruct in float32 on this machine, one after the other
+(never together: they would share the cores). Each run is bounded in requests and in time,
+at a fixed concurrency (closed loop) or a target rate (open loop, Poisson arrivals), and
+reports req/s, tokens/s (prompt tokens computed plus generated), p50/p99 latency to the last
+byte, and status counts; then the ratios probserve / vLLM.
+
+    .venv/bin/python bench/load.py                                  # the benchmark table
+    .venv/bin/python bench/load.py --workloads small --concurrency 16 64 --requests 300
+    .venv/bin/python bench/load.py --workloads mixed --rate 20 --requests 400 --targets probserve
+"""
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+
+from serve_app import cli, local
+from serve_app.home import apply_cache_environment
+from serve_app.models import SMOLLM2, embedded_model_path, prepare
+
+PORT = 8312
+ECHO_IDS = list(range(1000, 1128))
+FULL_VOCAB_IDS = list(range(2000, 2032))
+
+
+def small() -> dict:
+    return {"prompt": "The capital of France is", "max_tokens": 1, "logprobs": 5}
+
+
+def echo128() -> dict:
+    """An evaluation harness's request: score a 128-token sequence."""
+    return {"prompt": ECHO_IDS, "echo": True, "logprobs": 1, "max_tokens": 1}
+
+
+def full_vocab() -> dict:
+    return {"prompt": FULL_VOCAB_IDS, "max_tokens": 1, "prompt_logprobs": -1}
+
+
+def mixed() -> dict:
+    """Production-like: mostly small requests, some scoring, a few full distributions."""
+    return random.choices([small, echo128, full_vocab], weights=[90, 8, 2])[0]()
+
+
+WORKLOADS = {"small": small, "echo128": echo128, "full_vocab": full_vocab, "mixed": mixed}
+DEFAULT_RUNS = [("small", 1, 100), ("small", 16, 100), ("small", 64, 300), ("echo128", 16, 100)]
+
+
+@dataclass
+class Run:
+    latencies: list[float] = field(default_factory=list)
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def report(self) -> dict:
+        done = sorted(self.latencies)
+        return {
+            "requests": len(done),
+            "req/s": len(done) / self.seconds,
+            "tokens/s": self.tokens / self.seconds,
+            "p50": statistics.median(done) if done else float("nan"),
+            "p99": done[min(len(done) - 1, int(len(done) * 0.99))] if done else float("nan"),
+            "statuses": dict(self.statuses),
+        }
+
+
+def counted_tokens(body: dict, content: bytes) -> int:
+    """Prompt plus generated tokens of a 200: from `usage`, or the request for full bodies."""
+    if body.get("prompt_logprobs") == -1:
+        return len(body["prompt"]) + body["max_tokens"]
+    return orjson.loads(content)["usage"]["total_tokens"]
+
+
+async def one(client: httpx.AsyncClient, model: str, make, run: Run) -> None:
+    body = {"model": model, "temperature": 0, **make()}
+    started = time.perf_counter()
+    try:
+        response = await client.post("/v1/completions", json=body, headers={"accept-encoding": "gzip"})
+        content = response.content
+        status = response.status_code
+    except httpx.HTTPError as error:
+        run.statuses[type(error).__name__] += 1
+        return
+    run.latencies.append(time.perf_counter() - started)
+    run.statuses[status] += 1
+    if status == 200:
+        run.tokens += counted_tokens(body, content)
+
+
+async def closed_loop(url: str, model: str, make, concurrency: int, requests: int,
+                      time_limit: float) -> Run:
+    """`concurrency` clients, each sending its next request when the last one ends."""
+    run, left = Run(), [requests]
+    deadline = time.perf_counter() + time_limit
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits) as client:
+        async def worker() -> None:
+            while left[0] > 0 and time.perf_counter() < deadline:
+                left[0] -= 1
+                await one(client, model, make, run)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        run.seconds = time.perf_counter() - started
+    return run
+
+
+async def open_loop(url: str, model: str, make, rate: float, requests: int, time_limit: float,
+                    max_in_flight: int = 512) -> Run:
+    """Requests at Poisson arrivals of `rate` per second, whatever the answers' pace."""
+    run, tasks = Run(), []
+    deadline = time.perf_counter() + time_limit
+    limits = httpx.Limits(max_connections=max_in_flight)
+    async with httpx.AsyncClient(base_url=url, timeout=time_limit, limits=limits) as client:
+        started = time.perf_counter()
+        for _ in range(requests):
+            if time.perf_counter() >= deadline:
+                break
+            tasks.append(asyncio.create_task(one(client, model, make, run)))
+            await asyncio.sleep(random.expovariate(rate))
+        await asyncio.gather(*tasks)
+        run.seconds = time.perf_counter() - started
+    return run
+
+
+def measure(url: str, model: str, plan: list[tuple], rate: float | None, time_limit: float) -> dict:
+    asyncio.run(closed_loop(url, model, small, 4, 8, time_limit))  # warm-up
+    results = {}
+    for workload, concurrency, requests in plan:
+        random.seed(0)  # the same mix for both servers
+        make = WORKLOADS[workload]
+        if rate:
+            run = asyncio.run(open_loop(url, model, make, rate, requests, time_limit))
+        else:
+            run = asyncio.run(closed_loop(url, model, make, concurrency, requests, time_limit))
+        results[workload, concurrency] = report = run.report()
+        print(f"  {workload:>10} c{concurrency:<3} {report['requests']:>4} req  "
+              f"{report['req/s']:6.2f} req/s  {report['tokens/s']:8.0f} tok/s  "
+              f"p50 {report['p50']:.3f} s  p99 {report['p99']:.3f} s  {report['statuses']}", flush=True)
+    return results
+
+
+def vllm_server(path: str) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
+               "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-logprobs", "-1",
+               "--enforce-eager", "--max-model-len", "2048", "--port", str(PORT)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_vllm(plan, rate, time_limit) -> dict:
+    print("vLLM's OpenAI server:", flush=True)
+    server = vllm_server(str(embedded_model_path(SMOLLM2)))
+    try:
+        local.wait_healthy(f"http://127.0.0.1:{PORT}")
+        return measure(f"http://127.0.0.1:{PORT}", SMOLLM2, plan, rate, time_limit)
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def run_probserve(config: Path, plan, rate, time_limit) -> dict:
+    print(f"probserve ({config}):", flush=True)
+    args, _ = cli.serve_config(config)
+    url = local.start(args, port=PORT, log_to_driver=False)
+    try:
+        return measure(url, SMOLLM2, plan, rate, time_limit)
+    finally:
+        local.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS))
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[16])
+    parser.add_argument("--rate", type=float, help="requests per second (open loop) instead of "
+                                                   "a fixed concurrency")
+    parser.add_argument("--requests", type=int, default=100, help="at most, per run")
+    parser.add_argument("--time-limit", type=float, default=300, help="seconds, at most, per run")
+    parser.add_argument("--targets", nargs="+", default=["vllm", "probserve"],
+                        choices=["vllm", "probserve"])
+    parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
+    options = parser.parse_args()
+    plan = DEFAULT_RUNS if not options.workloads else [
+        (w, c, options.requests) for w in options.workloads for c in options.concurrency]
+    apply_cache_environment()
+    prepare(SMOLLM2)
+    results = {}
+    if "vllm" in options.targets:
+        results["vllm"] = run_vllm(plan, options.rate, options.time_limit)
+    if "probserve" in options.targets:
+        results["probserve"] = run_probserve(options.config, plan, options.rate, options.time_limit)
+    if len(results) == 2:
+        print("| workload | concurrency | vLLM server | probserve | ratio |\n| --- | --- | --- | --- | --- |")
+        for key in results["vllm"]:
+            theirs, ours = results["vllm"][key]["req/s"], results["probserve"][key]["req/s"]
+            print(f"| {key[0]} | {key[1]} | {theirs:.1f} req/s | {ours:.1f} req/s | {ours / theirs:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
