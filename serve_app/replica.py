@@ -151,6 +151,11 @@ class ModelReplica:
         async for output in self.outputs(request, stream=True):
             yield engine_result(output)
 
+    def unfinished_requests(self) -> int:
+        """Requests the engine holds (running or waiting): a client that leaves must not
+        stay among them."""
+        return self.engine.output_processor.get_num_unfinished_requests()
+
     def request_count(self) -> int:
         """Engine requests this replica has received (warm-up included): a test signal that
         invalid requests never get here."""
