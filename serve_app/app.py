@@ -21,6 +21,8 @@ def build_app(args: dict) -> Application:
             ray_actor_options=model.ray_actor_options,
             max_ongoing_requests=model.max_ongoing_requests,
             max_queued_requests=model.max_queued_requests,
+            health_check_period_s=model.health_check_period_s,
+            health_check_timeout_s=model.health_check_timeout_s,
         ).bind(model)
         for model in config.models
     }

@@ -68,6 +68,10 @@ class ModelConfig(Strict):
     # Requests waiting for a replica beyond those, per ingress replica; more are refused with
     # 503 `overloaded`.
     max_queued_requests: int = Field(128, ge=0)
+    # Ray Serve asks each replica for vLLM's engine health this often; a replica that fails
+    # (its engine process died) or takes longer than the timeout is replaced.
+    health_check_period_s: float = Field(10, gt=0)
+    health_check_timeout_s: float = Field(30, gt=0)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
 

@@ -41,3 +41,13 @@ def overloaded(message: str, retry_after_s: int) -> APIError:
     """A request refused because a bound is full: the client may retry after a while."""
     return APIError(HTTPStatus.SERVICE_UNAVAILABLE, "overloaded", message,
                     headers={"Retry-After": str(retry_after_s)})
+
+
+class EngineUnavailable(Exception):
+    """Raised by a model replica whose vLLM engine has stopped (its process died): the
+    request gets 503 `not_ready` while Ray Serve replaces the replica."""
+
+
+def not_ready(message: str, retry_after_s: int) -> APIError:
+    return APIError(HTTPStatus.SERVICE_UNAVAILABLE, "not_ready", message,
+                    headers={"Retry-After": str(retry_after_s)})

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from serve_app import admission, chat, completions, tokenizer
 from serve_app.compression import accepts_gzip, gzip_chunks
 from serve_app.config import AppConfig, Capabilities, ModelConfig
-from serve_app.errors import APIError, error_envelope, overloaded
+from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
 from serve_app.full_vocab import EntryFragments
 from serve_app.openapi import install_openapi
 from serve_app.protocol import (
@@ -218,7 +218,7 @@ class Ingress:
         try:
             await asyncio.gather(*(r.check_health.remote() for r in self.replicas.values()))
         except Exception as error:  # any replica failure means not ready
-            raise APIError(503, "not_ready", f"a model is not ready: {error}") from None
+            raise not_ready(f"a model is not ready: {error}", self.config.ingress.retry_after_s) from None
         return json_response({"status": "ok"})
 
     @app.get("/v1/models")
@@ -299,16 +299,19 @@ class Ingress:
             raise
 
     def refusal(self, error: Exception) -> Exception:
-        """A model's full queue, as the client's 503 `overloaded`; other errors as they are."""
-        if not isinstance(error, BackPressureError):
-            return error
-        return overloaded("the model's queue is full (max_queued_requests): retry later",
-                          self.config.ingress.retry_after_s)
+        """A model's full queue or dead engine, as the client's 503; other errors as they are."""
+        retry_after_s = self.config.ingress.retry_after_s
+        if isinstance(error, BackPressureError):
+            return overloaded("the model's queue is full (max_queued_requests): retry later",
+                              retry_after_s)
+        if isinstance(error, EngineUnavailable):
+            return not_ready(str(error), retry_after_s)
+        return error
 
     async def generate(self, model: str, engine_requests: list) -> list:
         try:
             return await generate_all(self.replicas[model], engine_requests)
-        except BackPressureError as error:
+        except (BackPressureError, EngineUnavailable) as error:
             raise self.refusal(error) from None
 
     async def full_vocab_slot(self) -> None:

@@ -10,6 +10,7 @@ import uuid
 from ray import serve
 
 from serve_app.config import ModelConfig
+from serve_app.errors import EngineUnavailable
 from serve_app.home import apply_cache_environment
 from serve_app.scoring import (
     Completion,
@@ -132,13 +133,19 @@ class ModelReplica:
                                f"{LABELS_CHECK.logprob_token_ids}, got {got}): install the "
                                "package (pip install -e .) and leave VLLM_PLUGINS unset")
 
-    def outputs(self, request: EngineRequest, stream: bool):
+    async def outputs(self, request: EngineRequest, stream: bool):
         from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         self.requests_received += 1
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
-        return self.engine.generate(prompt, sampling_params(request, stream),
-                                    f"{self.model.name}-{uuid.uuid4().hex}")
+        try:
+            async for output in self.engine.generate(prompt, sampling_params(request, stream),
+                                                     f"{self.model.name}-{uuid.uuid4().hex}"):
+                yield output
+        except EngineDeadError as error:
+            raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
+                                    "a new replica is being started") from None
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         final = None
@@ -155,6 +162,12 @@ class ModelReplica:
         """Requests the engine holds (running or waiting): a client that leaves must not
         stay among them."""
         return self.engine.output_processor.get_num_unfinished_requests()
+
+    def engine_pids(self) -> list[int]:
+        """The engine's own processes (EngineCore and its workers)."""
+        import psutil
+
+        return [child.pid for child in psutil.Process().children(recursive=True)]
 
     def request_count(self) -> int:
         """Engine requests this replica has received (warm-up included): a test signal that

@@ -22,8 +22,10 @@ MAX_SCORED = 256
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
-# The overload tests flood this one: it takes 2 requests at once and queues 2 more.
-SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2}
+# The overload tests flood this one: it takes 2 requests at once and queues 2 more; the fault
+# tests kill its engine, and Ray Serve checks its health every 2 s.
+SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2,
+                                            "health_check_period_s": 2}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {})} for name in FAMILIES]

@@ -22,10 +22,11 @@ class Failing:
 
 
 def test_not_ready_when_a_replica_fails_its_health_check():
-    ingress = SimpleNamespace(replicas={"m": Failing()})
+    ingress = SimpleNamespace(replicas={"m": Failing()}, config=SimpleNamespace(ingress=IngressConfig()))
     with pytest.raises(APIError) as caught:
         asyncio.run(Ingress.func_or_class.health(ingress))
     assert (caught.value.status, caught.value.code) == (503, "not_ready")
+    assert caught.value.headers == {"Retry-After": "1"}
 
 
 def test_internal_error_is_an_envelope():

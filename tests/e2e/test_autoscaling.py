@@ -1,0 +1,72 @@
+"""Autoscaling shown: deployments/autoscaling.yaml deployed as a second application; load
+raises its model's replicas from 1 to 2, the end of the load lowers them again, and no request
+fails during either transition."""
+
+import pathlib
+import threading
+import time
+
+import httpx
+import pytest
+from ray import serve
+
+from serve_app import cli
+from serve_app.app import build_app, model_deployment_name
+from serve_app.models import TINY
+
+CONFIG = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
+APP, PREFIX = "autoscaling", "/autoscaling"
+LIMIT_S = 180
+
+
+def running_replicas() -> int:
+    deployment = serve.status().applications[APP].deployments[model_deployment_name(TINY)]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def wait_until(condition, started: float) -> float:
+    while not condition():
+        assert time.monotonic() - started < LIMIT_S
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def scaling_url(base_url):
+    args, _ = cli.serve_config(CONFIG)
+    serve.run(build_app(args), name=APP, route_prefix=PREFIX)
+    yield f"{base_url}{PREFIX}"
+    serve.delete(APP)
+
+
+def test_load_scales_the_model_up_and_its_end_down(scaling_url, capsys):
+    body = {"model": TINY, "prompt": "The capital of France is", "max_tokens": 32, "temperature": 0}
+    statuses, stop = [], threading.Event()
+
+    def client(pause_s: float) -> None:
+        with httpx.Client(base_url=scaling_url, timeout=120) as http:
+            while not stop.is_set():
+                statuses.append(http.post("/v1/completions", json=body).status_code)
+                time.sleep(pause_s)
+
+    assert running_replicas() == 1
+    started = time.monotonic()
+    clients = [threading.Thread(target=client, args=(0,)) for _ in range(8)]
+    for thread in clients:
+        thread.start()
+    up = wait_until(lambda: running_replicas() == 2, started)
+    time.sleep(5)  # load on both replicas
+    stop.set()
+    for thread in clients:
+        thread.join()
+    stop.clear()
+    trickle = threading.Thread(target=client, args=(1.0,))  # light traffic through the downscale
+    trickle.start()
+    ended = time.monotonic() - started
+    down = wait_until(lambda: running_replicas() == 1, started)
+    stop.set()
+    trickle.join()
+    assert statuses and set(statuses) == {200}, statuses
+    with capsys.disabled():
+        print(f"\nautoscaling: load from 0 s, 2 replicas at {up:.1f} s, load ended at "
+              f"{ended:.1f} s, 1 replica at {down:.1f} s; {len(statuses)} requests, all 200")

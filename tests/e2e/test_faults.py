@@ -1,0 +1,63 @@
+"""The vLLM engine killed mid-request: the request gets an enveloped 503, /health says the
+service is not ready, Ray Serve replaces the replica, and the model answers correctly again
+with nobody restarting anything."""
+
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+from ray import serve
+
+from serve_app.app import model_deployment_name
+from serve_app.local import APP_NAME
+from tests.e2e.conftest import MAX_MODEL_LEN, SMALL_QUEUE_MODEL
+
+RECOVERY_LIMIT_S = 240
+
+
+def replica():
+    return serve.get_deployment_handle(model_deployment_name(SMALL_QUEUE_MODEL), app_name=APP_NAME)
+
+
+def engine_core() -> psutil.Process:
+    (core,) = [process for process in map(psutil.Process, replica().engine_pids.remote().result())
+               if "EngineCore" in " ".join(process.cmdline())]  # vLLM names it in its title
+    return core
+
+
+def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
+    reference = references[SMALL_QUEUE_MODEL]
+    greedy = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 4,
+              "temperature": 0, "logprobs": 0}
+    long = {**greedy, "max_tokens": MAX_MODEL_LEN - 16, "logprobs": None,
+            "logit_bias": {str(i): -100 for i in reference.tokenizer.all_special_ids}}
+    in_flight = {}
+    sender = threading.Thread(target=lambda: in_flight.update(
+        response=httpx.post(f"{base_url}/v1/completions", json=long, timeout=120)))
+    sender.start()
+    while replica().unfinished_requests.remote().result() == 0:
+        time.sleep(0.05)
+    killed = time.monotonic()
+    engine_core().send_signal(signal.SIGKILL)
+    sender.join(60)
+
+    response = in_flight["response"]
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "not_ready" and response.headers["retry-after"]
+    assert http.get("/health").status_code == 503
+
+    while (answer := http.post("/v1/completions", json=greedy)).status_code != 200:
+        assert answer.status_code == 503, answer.text  # enveloped, never a hang or a bare 5xx
+        assert answer.json()["error"]["code"] in ("not_ready", "overloaded")
+        assert time.monotonic() - killed < RECOVERY_LIMIT_S
+        time.sleep(0.5)
+    recovered = time.monotonic() - killed
+    ids = reference.tokenizer.encode(greedy["prompt"])
+    assert answer.json()["choices"][0]["logprobs"]["token_ids"] == reference.greedy(ids, 4)
+    while http.get("/health").status_code != 200:
+        time.sleep(0.5)
+    with capsys.disabled():
+        print(f"\nengine killed: answering again after {recovered:.1f} s, healthy after "
+              f"{time.monotonic() - killed:.1f} s")
