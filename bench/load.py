@@ -61,6 +61,7 @@ DEFAULT_RUNS = [("small", 1, 100), ("small", 16, 100), ("small", 64, 300), ("ech
 class Run:
     latencies: list[float] = field(default_factory=list)
     statuses: collections.Counter = field(default_factory=collections.Counter)
+    errors: dict = field(default_factory=dict)  # status -> the first refusal's body
     tokens: int = 0
     seconds: float = 0.0
 
@@ -73,6 +74,7 @@ class Run:
             "p50": statistics.median(done) if done else float("nan"),
             "p99": done[min(len(done) - 1, int(len(done) * 0.99))] if done else float("nan"),
             "statuses": dict(self.statuses),
+            "errors": self.errors,
         }
 
 
@@ -97,6 +99,8 @@ async def one(client: httpx.AsyncClient, model: str, make, run: Run) -> None:
     run.statuses[status] += 1
     if status == 200:
         run.tokens += counted_tokens(body, content)
+    else:
+        run.errors.setdefault(status, content[:300].decode(errors="replace"))
 
 
 async def closed_loop(url: str, model: str, make, concurrency: int, requests: int,
@@ -149,6 +153,8 @@ def measure(url: str, model: str, plan: list[tuple], rate: float | None, time_li
         print(f"  {workload:>10} c{concurrency:<3} {report['requests']:>4} req  "
               f"{report['req/s']:6.2f} req/s  {report['tokens/s']:8.0f} tok/s  "
               f"p50 {report['p50']:.3f} s  p99 {report['p99']:.3f} s  {report['statuses']}", flush=True)
+        for status, body in report["errors"].items():
+            print(f"    first {status}: {body}", flush=True)
     return results
 
 
