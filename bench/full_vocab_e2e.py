@@ -7,17 +7,15 @@ other on this machine; each request is timed to the last byte of the gzip-accept
 """
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
 
 import httpx
+from servers import vllm_server
 
 from serve_app import local
 from serve_app.home import apply_cache_environment
-from serve_app.models import SMOLLM2, embedded_model_path, prepare
+from serve_app.models import SMOLLM2, prepare
 
 PORT = 8311
 
@@ -47,14 +45,6 @@ def measure(url: str, model: str, sizes: list[int], repeats: int) -> dict[int, f
     return results
 
 
-def vllm_server(path: str) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
-               "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-logprobs", "-1",
-               "--enforce-eager", "--max-model-len", "2048", "--port", str(PORT)]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[64, 128])
@@ -64,7 +54,7 @@ def main() -> None:
     prepare(SMOLLM2)
 
     print("vLLM's OpenAI server:", flush=True)
-    server = vllm_server(str(embedded_model_path(SMOLLM2)))
+    server = vllm_server(PORT)
     try:
         local.wait_healthy(f"http://127.0.0.1:{PORT}")
         baseline = measure(f"http://127.0.0.1:{PORT}", SMOLLM2, options.tokens, options.repeats)

@@ -14,21 +14,19 @@ byte, and status counts; then the ratios probserve / vLLM.
 import argparse
 import asyncio
 import collections
-import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import orjson
+from servers import vllm_server
 
 from serve_app import cli, local
 from serve_app.home import apply_cache_environment
-from serve_app.models import SMOLLM2, embedded_model_path, prepare
+from serve_app.models import SMOLLM2, prepare
 
 PORT = 8312
 ECHO_IDS = list(range(1000, 1128))
@@ -158,17 +156,9 @@ def measure(url: str, model: str, plan: list[tuple], rate: float | None, time_li
     return results
 
 
-def vllm_server(path: str) -> subprocess.Popen:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path,
-               "--served-model-name", SMOLLM2, "--dtype", "float32", "--max-logprobs", "-1",
-               "--enforce-eager", "--max-model-len", "2048", "--port", str(PORT)]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def run_vllm(plan, rate, time_limit) -> dict:
     print("vLLM's OpenAI server:", flush=True)
-    server = vllm_server(str(embedded_model_path(SMOLLM2)))
+    server = vllm_server(PORT, kv_cache_gib=1)
     try:
         local.wait_healthy(f"http://127.0.0.1:{PORT}")
         return measure(f"http://127.0.0.1:{PORT}", SMOLLM2, plan, rate, time_limit)

@@ -20,7 +20,7 @@ from serve_app.scoring import (
     PositionLogprobs,
     token_array,
 )
-from serve_app.vllm_plugin import PROMPT_LABELS, register
+from serve_app.vllm_plugin import PROMPT_LABELS, keep_full_vocab_as_arrays, register
 
 WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
                          logprobs=1, prompt_logprobs=k) for k in (1, -1)]
@@ -115,6 +115,7 @@ class ModelReplica:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         register()
+        keep_full_vocab_as_arrays()
         self.model = model
         self.requests_received = 0
         self.engine = AsyncLLM.from_engine_args(engine_args(model))

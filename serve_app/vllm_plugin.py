@@ -1,16 +1,18 @@
-"""probserve's changes to vLLM 0.32 (pinned), registered as a vLLM general plugin
-(entry point `vllm.general_plugins`), so that each of vLLM's processes applies them at start:
-the replica's front end, the engine core and the model runner's worker.
+"""probserve's changes to vLLM 0.32 (pinned).
 
-1. The full vocabulary (prompt_logprobs -1), front end: keep the engine core's sorted
+1. Label scoring at prompt positions, in the model runner's worker process: vLLM's
+   `prompt_logprob_token_ids` needs the V2 model runner, which the CPU engine does not have.
+   A request asks for it with `prompt_logprobs = len(labels)` and
+   `extra_args[PROMPT_LABELS] = labels`; where the V1 runner gathers each prompt row's top-k,
+   it gathers those ids instead, and the rows reach the front end on vLLM's own prompt-logprobs
+   path: the prompt token with its true rank, then the labels in the order asked. vLLM starts
+   the worker itself, so this is a vLLM general plugin (entry point `vllm.general_plugins`),
+   which every vLLM process of the environment loads; it changes nothing for a request
+   without the key, so vLLM's own server beside it is unaffected.
+2. The full vocabulary (prompt_logprobs -1), in the replica's own process only (it would break
+   vLLM's server, which expects its per-entry objects): keep the engine core's sorted
    [positions, vocab] tensors as arrays; vLLM's LogprobsProcessor would decode and box every
    entry (millions of them).
-2. Label scoring at prompt positions, worker: vLLM's `prompt_logprob_token_ids` needs the V2
-   model runner, which the CPU engine does not have. A request asks for it with
-   `prompt_logprobs = len(labels)` and `extra_args[PROMPT_LABELS] = labels`; where the V1
-   runner gathers each prompt row's top-k, it gathers those ids instead, and the rows reach the
-   front end on vLLM's own prompt-logprobs path: the prompt token with its true rank, then
-   the labels in the order asked.
 """
 
 import numpy as np
@@ -21,8 +23,7 @@ PROMPT_LABELS = "probserve_prompt_label_ids"
 
 
 def register() -> None:
-    """vLLM calls this in every process; applying twice is a no-op."""
-    keep_full_vocab_as_arrays()
+    """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
     gather_prompt_labels()
 
 
