@@ -63,3 +63,31 @@ def test_concurrent_mixed_requests(base_url):
         together = list(pool.map(lambda body: comparable(*post(base_url, body)), bodies * 2))
     for index, (expected, got) in enumerate(zip(alone * 2, together)):
         assert close(expected, got), bodies[index % len(bodies)]
+
+
+def logprob_values(content: bytes) -> list[float]:
+    choice = orjson.loads(content)["choices"][0]
+    values = [v for v in choice["logprobs"]["token_logprobs"] if v is not None]
+    return values + [v for top in choice["logprobs"]["top_logprobs"] if top for v in top.values()]
+
+
+def test_a_request_among_fifty_others_gets_its_numbers_alone(base_url, capsys):
+    probe = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 8, "temperature": 0,
+             "echo": True, "logprobs": 5}
+    others = [{"model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)] * (1 + i % 5), "max_tokens": 4 + i % 7,
+               "temperature": 0, "logprobs": 2} for i in range(50)]
+    status, alone = post(base_url, probe)
+    assert status == 200
+    with ThreadPoolExecutor(max_workers=51) as pool:
+        crowd = [pool.submit(post, base_url, body) for body in others[:25]]
+        probed = pool.submit(post, base_url, probe)
+        crowd += [pool.submit(post, base_url, body) for body in others[25:]]
+        assert all(future.result()[0] == 200 for future in crowd)
+        status, together = probed.result()
+    assert status == 200
+    expected, got = logprob_values(alone), logprob_values(together)
+    assert len(expected) == len(got)
+    difference = max(abs(a - b) for a, b in zip(expected, got))
+    assert difference <= 1e-4
+    with capsys.disabled():
+        print(f"\nalone vs among 50: {len(expected)} logprobs, largest difference {difference:.2e}")
