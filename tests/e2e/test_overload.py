@@ -1,13 +1,16 @@
 """Overload: a burst far above a model's bounds gets only correct 200s and enveloped 503s with
 Retry-After (never a hang or a bare 5xx), and the service answers correctly right after."""
 
+import gc
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
+import psutil
 import pytest
 
-from tests.e2e.conftest import SMALL_QUEUE, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL, SMALL_QUEUE, SMALL_QUEUE_MODEL
 
 BURST = 40
 BODY = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 96,
@@ -21,12 +24,22 @@ def send(base_url: str, body: dict) -> httpx.Response:
         return response
 
 
-def assert_refusal(response: httpx.Response) -> None:
+def assert_refusal(response: httpx.Response, cause: str = "max_queued_requests") -> None:
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     error = response.json()["error"]
     assert (error["code"], error["type"]) == ("overloaded", "service_unavailable_error")
-    assert "max_queued_requests" in error["message"]
+    assert cause in error["message"]
+
+
+def service_memory() -> int:
+    """Resident bytes of the service: Ray's actors and vLLM's processes on this machine."""
+    total = 0
+    for process in psutil.process_iter(["cmdline", "memory_info"]):
+        title = " ".join(process.info["cmdline"] or [])
+        if title.startswith(("ray::", "VLLM::")):
+            total += process.info["memory_info"].rss
+    return total
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -49,3 +62,27 @@ def test_a_burst_gets_answers_or_enveloped_refusals(base_url, stream):
         else:
             assert response.json()["choices"][0]["text"] == alone
     assert send(base_url, BODY).json()["choices"][0]["text"] == alone  # right after
+
+
+def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
+    """Two run, sixteen wait (config defaults), the rest is refused at once; afterwards the
+    service holds about what it held before."""
+    body = {"model": MODEL, "prompt": list(range(5, 5 + FULL_VOCAB_MAX)), "max_tokens": 1,
+            "prompt_logprobs": -1}
+    send(base_url, body)  # the path warmed up: what stays after it is the idle footprint
+    gc.collect()
+    idle = service_memory()
+    with ThreadPoolExecutor(max_workers=24) as pool:
+        responses = list(pool.map(lambda _: send(base_url, body), range(24)))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 18, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert_refusal(response, "full-vocabulary slots")
+        else:
+            assert len(response.json()["choices"][0]["prompt_logprobs"]) == FULL_VOCAB_MAX
+    time.sleep(2)
+    after = service_memory()
+    print(f"\nfull-vocabulary burst: service memory {idle / 2**20:.0f} MiB idle, "
+          f"{after / 2**20:.0f} MiB after")
+    assert after <= idle * 1.1, (idle, after)
