@@ -16,7 +16,7 @@ from serve_app.protocol import (
     field_error,
 )
 from serve_app.scoring import EngineRequest
-from serve_app.token_text import id_prompt_pieces
+from serve_app.token_text import Pieces, id_prompt_pieces
 from serve_app.vocabulary import Vocabulary
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -28,6 +28,8 @@ class PromptInput:
     text: str
     # A string prompt: each token's (start, end) in `text`; None for token ids.
     spans: list[tuple[int, int]] | None = None
+    # Token ids: each token's piece of `text`, made while decoding it.
+    pieces: Pieces | None = None
 
 
 def prompt_inputs(prompt: str | list, vocab: Vocabulary, max_batch_prompts: int) -> list[PromptInput]:
@@ -45,7 +47,8 @@ def to_prompt_input(item: str | list[int], index: int, vocab: Vocabulary) -> Pro
         token_ids, spans = vocab.encode(item)
         return PromptInput(token_ids, item, spans)
     check_token_ids(item, vocab, "prompt", f"in {prompt_name(index)}")
-    return PromptInput(list(item), "".join(id_prompt_pieces(item, vocab).tokens))
+    pieces = id_prompt_pieces(item, vocab)
+    return PromptInput(list(item), "".join(pieces.tokens), pieces=pieces)
 
 
 def check_token_ids(token_ids: list[int], vocab: Vocabulary, param: str, where: str) -> None:

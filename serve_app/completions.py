@@ -14,7 +14,7 @@ from serve_app.admission import PromptInput, span_start
 from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
 from serve_app.protocol import CompletionRequest, SamplingRequest
 from serve_app.scoring import NEG_INF_LOGPROB, Completion, EngineResult, PositionLogprobs
-from serve_app.token_text import GeneratedPieces, Pieces, id_prompt_pieces, string_pieces
+from serve_app.token_text import GeneratedPieces, Pieces, string_pieces
 from serve_app.vocabulary import Vocabulary
 
 
@@ -75,19 +75,20 @@ class LogprobsBuilder:
 
 
 def prompt_pieces(prompt: PromptInput, vocab: Vocabulary) -> Pieces:
-    if prompt.spans is None:
-        return id_prompt_pieces(prompt.token_ids, vocab)
+    if prompt.pieces is not None:
+        return prompt.pieces
     return string_pieces(prompt.text, prompt.spans, prompt.token_ids, vocab)
 
 
-def choice_logprobs(prompt: PromptInput, result: EngineResult, completion: Completion,
-                    request: CompletionRequest, vocab: Vocabulary) -> dict | None:
+def choice_logprobs(prompt: PromptInput, pieces: Pieces | None, result: EngineResult,
+                    completion: Completion, request: CompletionRequest,
+                    vocab: Vocabulary) -> dict | None:
+    """`pieces`: the prompt's, when a span of it is reported."""
     start = span_start(request)
     builder = LogprobsBuilder(vocab, reported_width(request))
     base = 0
     if start is not None:
         ids = prompt.token_ids
-        pieces = prompt_pieces(prompt, vocab)
         entries = result.prompt_positions(request.top_k() or 0)
         positions = range(start, len(ids))
         builder.add_all(entries, positions, ids[start:],
@@ -127,12 +128,12 @@ def full_vocab_placeholder(nonce: str, prompt_index: int) -> str:
     return f"full-vocab-{nonce}:{prompt_index}"
 
 
-def choice(index: int, prompt: PromptInput, result: EngineResult, completion: Completion,
-           request: CompletionRequest, vocab: Vocabulary, nonce: str) -> dict:
+def choice(index: int, prompt: PromptInput, pieces: Pieces | None, result: EngineResult,
+           completion: Completion, request: CompletionRequest, vocab: Vocabulary, nonce: str) -> dict:
     body = {
         "index": index,
         "text": (prompt.text if request.echo else "") + completion.text,
-        "logprobs": choice_logprobs(prompt, result, completion, request, vocab),
+        "logprobs": choice_logprobs(prompt, pieces, result, completion, request, vocab),
         "finish_reason": completion.finish_reason,
     }
     if request.prompt_logprobs == -1:
@@ -151,9 +152,11 @@ def choice_completions(result: EngineResult, n: int) -> list[Completion]:
 def completion_response(model: str, prompts: list[PromptInput], results: list[EngineResult],
                         request: CompletionRequest, vocab: Vocabulary) -> dict:
     per_prompt = [choice_completions(result, request.n) for result in results]
+    # Once per prompt, however many choices it has.
+    pieces = [prompt_pieces(p, vocab) if span_start(request) is not None else None for p in prompts]
     nonce = uuid.uuid4().hex
     choices = [
-        choice(i * request.n + j, prompt, result, completion, request, vocab, nonce)
+        choice(i * request.n + j, prompt, pieces[i], result, completion, request, vocab, nonce)
         for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
         for j, completion in enumerate(completions)
     ]
