@@ -38,10 +38,15 @@ def long_generation(http, reference) -> tuple[dict, float]:
     return body, time.monotonic() - started
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_leaves_frees_the_engine(base_url, long_generation, stream):
+# Plain, streamed, and a full-vocabulary request (its distributions first, then the long
+# generation): each kind has its own path through the ingress.
+KINDS = {"plain": {}, "streamed": {"stream": True}, "full_vocab": {"prompt_logprobs": -1}}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_client_that_leaves_frees_the_engine(base_url, long_generation, kind):
     body, whole = long_generation
-    payload = json.dumps({**body, "stream": stream})
+    payload = json.dumps({**body, **KINDS[kind]})
     address = urlsplit(base_url)
     assert wait_for(lambda: unfinished() == 0, 30)
     with socket.create_connection((address.hostname, address.port)) as client:
