@@ -5,6 +5,7 @@ from ray.serve import Application
 
 from serve_app.config import AppConfig
 from serve_app.ingress import Ingress
+from serve_app.pool import SerializerPool
 from serve_app.replica import ModelReplica
 
 
@@ -23,11 +24,17 @@ def build_app(args: dict) -> Application:
             max_queued_requests=model.max_queued_requests,
             health_check_period_s=model.health_check_period_s,
             health_check_timeout_s=model.health_check_timeout_s,
-        ).bind(model)
+        ).bind(model, config.serializer_pool.chunk_positions)
         for model in config.models
     }
+    pool = config.serializer_pool
+    serializers = SerializerPool.options(
+        max_ongoing_requests=pool.max_ongoing_requests,
+        autoscaling_config=pool.autoscaling_config,
+        ray_actor_options=pool.ray_actor_options,
+    ).bind(config)
     return Ingress.options(
         max_ongoing_requests=config.ingress.max_ongoing_requests,
         autoscaling_config=config.ingress.autoscaling_config,
         ray_actor_options=config.ingress.ray_actor_options,
-    ).bind(config, replicas)
+    ).bind(config, replicas, serializers)

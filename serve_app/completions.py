@@ -11,7 +11,6 @@ from collections.abc import Iterator
 import orjson
 
 from serve_app.admission import PromptInput, span_start
-from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
 from serve_app.protocol import CompletionRequest, SamplingRequest
 from serve_app.scoring import NEG_INF_LOGPROB, Completion, EngineResult, PositionLogprobs
 from serve_app.token_text import GeneratedPieces, Pieces, string_pieces
@@ -181,16 +180,15 @@ def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def streamed_body(response: dict, results: list[EngineResult],
-                  fragments: EntryFragments) -> Iterator[bytes]:
-    """The response's JSON with each full-vocabulary placeholder replaced by its array,
-    streamed in chunks: the arrays are far too big to hold as one body."""
+def body_parts(response: dict, results: list[EngineResult]) -> Iterator[bytes | list]:
+    """The response's JSON as text, each full-vocabulary placeholder replaced by its array:
+    `[null`, the list of the array's chunks (each written by the serializer pool), `]`. The
+    arrays are far too big to hold as one body."""
     text = orjson.dumps(response)
     nonce = response["id"].removeprefix("cmpl-")
-    pattern = re.compile(rb'"full-vocab-%s:(\d+)"' % nonce.encode())
-    written = 0
-    for match in pattern.finditer(text):
-        yield text[written:match.start()]
-        yield from prompt_logprobs_json(results[int(match.group(1))].full_vocab, fragments)
-        written = match.end()
-    yield text[written:]
+    written, closing = 0, b""
+    for match in re.finditer(rb'"full-vocab-%s:(\d+)"' % nonce.encode(), text):
+        yield closing + text[written:match.start()] + b"[null"
+        yield results[int(match.group(1))].full_vocab.chunks
+        written, closing = match.end(), b"]"
+    yield closing + text[written:]

@@ -107,9 +107,25 @@ class IngressConfig(Strict):
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
 
 
+class SerializerPoolConfig(Strict):
+    """The CPU workers that write full-vocabulary JSON (serve_app.pool)."""
+
+    # Positions per chunk: the unit of work of a pool worker. A SmolLM2 position is about
+    # 3.4 MB of JSON (a 128k vocabulary, 9 MB): 16 keep a chunk's memory to tens of MB.
+    chunk_positions: int = Field(16, ge=1)
+    # Chunks of one response in the pool or written and not yet sent: several workers serve
+    # one response at once, and a slow client holds production back.
+    window: int = Field(4, ge=1)
+    # Chunks one worker takes at once: one written while the next is fetched.
+    max_ongoing_requests: int = Field(2, ge=1)
+    autoscaling_config: Autoscaling = ONE_REPLICA
+    ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
+
+
 class AppConfig(Strict):
     models: list[ModelConfig] = Field(min_length=1)
     ingress: IngressConfig = IngressConfig()
+    serializer_pool: SerializerPoolConfig = SerializerPoolConfig()
 
     @model_validator(mode="after")
     def unique_names(self) -> "AppConfig":

@@ -7,14 +7,11 @@ prepared once per model as byte tables; each position is then one vectorized gat
 table slices and the logprobs' text (written by orjson).
 """
 
-from collections.abc import Iterator
-
 import numpy as np
 import orjson
 
 from serve_app.scoring import NEG_INF_LOGPROB, FullVocabRows
 
-ROWS_PER_CHUNK_BYTES = 4 << 20  # bytes of JSON gathered before a chunk is handed on
 # Byte offsets fit 32 bits (a position is a few MB, the tables tens): half the memory traffic
 # of 64-bit indices, and the gather is the cost.
 OFFSET = np.int32
@@ -82,14 +79,8 @@ def position_json(token_ids: np.ndarray, logprobs: np.ndarray, fragments: EntryF
     return b"{" + body.tobytes()
 
 
-def prompt_logprobs_json(rows: FullVocabRows, fragments: EntryFragments) -> Iterator[bytes]:
-    """The `prompt_logprobs` array, `[null, {...}, ...]`, in chunks of a few MB."""
-    pending, size = [b"[null"], 5
-    for token_ids, logprobs in zip(rows.token_ids, rows.logprobs):
-        pending.append(b"," + position_json(token_ids, logprobs, fragments))
-        size += len(pending[-1])
-        if size >= ROWS_PER_CHUNK_BYTES:
-            yield b"".join(pending)
-            pending, size = [], 0
-    pending.append(b"]")
-    yield b"".join(pending)
+def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> bytes:
+    """A chunk of positions as it sits in the `prompt_logprobs` array: `,{...},{...}`; the
+    array is `[null` followed by its chunks in order, then `]`."""
+    return b"".join(b"," + position_json(token_ids, logprobs, fragments)
+                    for token_ids, logprobs in zip(rows.token_ids, rows.logprobs))

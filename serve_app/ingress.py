@@ -7,7 +7,8 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
 import orjson
 from fastapi import FastAPI, Request
@@ -15,15 +16,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
-from starlette.concurrency import iterate_in_threadpool
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException
 
 from serve_app import admission, chat, completions, tokenizer
-from serve_app.compression import accepts_gzip, gzip_chunks
+from serve_app.compression import accepts_gzip
 from serve_app.config import AppConfig, Capabilities, ModelConfig
 from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
-from serve_app.full_vocab import EntryFragments
 from serve_app.openapi import install_openapi
 from serve_app.protocol import (
     DETOKENIZE_RULES,
@@ -35,6 +34,7 @@ from serve_app.protocol import (
     TokenizeRequest,
     parse_request,
 )
+from serve_app.relay import full_vocab_body
 from serve_app.streaming import ChatStream, ChoiceStream, CompletionStream, event
 from serve_app.vocabulary import Vocabulary
 
@@ -129,11 +129,12 @@ def once(action: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-async def released_after(chunks: Iterator[bytes], release: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The chunks, written in a worker thread; `release` once sent, failed or abandoned."""
+async def released_after(chunks: AsyncIterator[bytes], release: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The chunks; `release` once sent, failed or abandoned."""
     try:
-        async for chunk in iterate_in_threadpool(chunks):
-            yield chunk
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
     finally:
         release()
 
@@ -150,11 +151,10 @@ async def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(all_events(), media_type="text/event-stream")
 
 
-def streaming_json(chunks: Iterator[bytes], accept_encoding: str | None,
+def streaming_json(chunks: AsyncIterator[bytes], gzip: bool,
                    release: Callable[[], None]) -> StreamingResponse:
-    """A large body, sent as it is written; gzip when the client takes it."""
-    gzip = accepts_gzip(accept_encoding)
-    body = released_after(gzip_chunks(chunks) if gzip else chunks, release)
+    """A large body, sent as it is written."""
+    body = released_after(chunks, release)
     weakref.finalize(body, release)  # a body never started (the client left) releases too
     headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzip else {}
     return StreamingResponse(body, media_type="application/json", headers=headers)
@@ -196,11 +196,12 @@ def model_card(model: ModelConfig, created: int, vocab: Vocabulary) -> dict:
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle]):
+    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],
+                 serializers: DeploymentHandle):
         self.config = config
         self.replicas = replicas
+        self.serializers = serializers
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
-        self.fragments = {name: EntryFragments(v.strings) for name, v in self.vocabularies.items()}
         self.created = int(time.time())
         self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
         self.full_vocab_waiting = 0
@@ -292,8 +293,13 @@ class Ingress:
             results = await self.generate(model.name, engine_requests)
             response = completions.completion_response(
                 model.name, prompts, results, body, self.vocabularies[model.name])
-            chunks = completions.streamed_body(response, results, self.fragments[model.name])
-            return streaming_json(chunks, request.headers.get("accept-encoding"), release)
+            gzip = accepts_gzip(request.headers.get("accept-encoding"))
+
+            def write(chunk) -> DeploymentResponse:
+                return self.serializers.write.remote(model.name, [chunk], gzip)
+            chunks = full_vocab_body(completions.body_parts(response, results), write,
+                                     self.config.serializer_pool.window, gzip)
+            return streaming_json(chunks, gzip, release)
         except BaseException:
             release()
             raise

@@ -20,7 +20,9 @@ def logical_cpus(config: AppConfig) -> int:
     def most(options: dict, autoscaling: dict) -> float:
         return options.get("num_cpus", 1) * autoscaling.get("max_replicas", 1)
 
+    pool = config.serializer_pool
     wanted = most(config.ingress.ray_actor_options, config.ingress.autoscaling_config)
+    wanted += most(pool.ray_actor_options, pool.autoscaling_config)
     wanted += sum(most(m.ray_actor_options, m.autoscaling_config) for m in config.models)
     return max(os.cpu_count() or 1, math.ceil(wanted) + 1)
 

@@ -7,6 +7,7 @@ log-probability lists into compact arrays (serve_app.scoring); all logic lives e
 import os
 import uuid
 
+import ray
 from ray import serve
 
 from serve_app.config import ModelConfig
@@ -16,7 +17,7 @@ from serve_app.scoring import (
     Completion,
     EngineRequest,
     EngineResult,
-    FullVocabRows,
+    FullVocabParts,
     PositionLogprobs,
     token_array,
 )
@@ -102,7 +103,7 @@ def engine_result(output) -> EngineResult:
         for c in sorted(output.outputs, key=lambda c: c.index)
     ]
     prompt = output.prompt_logprobs
-    full_vocab = prompt if isinstance(prompt, FullVocabRows) else None
+    full_vocab = prompt if isinstance(prompt, FullVocabParts) else None
     return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
                         prompt_logprobs=None if full_vocab else compact(prompt),
                         completions=completions, full_vocab=full_vocab)
@@ -110,12 +111,13 @@ def engine_result(output) -> EngineResult:
 
 @serve.deployment
 class ModelReplica:
-    async def __init__(self, model: ModelConfig):
+    async def __init__(self, model: ModelConfig, chunk_positions: int):
+        """chunk_positions: full-vocabulary rows per object handed to the serializer pool."""
         prepare_process(model)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         register()
-        keep_full_vocab_as_arrays()
+        keep_full_vocab_as_arrays(ray.put, chunk_positions)
         self.model = model
         self.requests_received = 0
         self.engine = AsyncLLM.from_engine_args(engine_args(model))

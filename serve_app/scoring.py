@@ -6,6 +6,7 @@ there (prompt or sampled) with its true rank, followed by the top-k in rank orde
 labels a request named (`logprob_token_ids`) in its order.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -86,6 +87,14 @@ class FullVocabRows:
         return FullVocabRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
                                for f in fields(self)))
 
+    def positions(self, start: int, stop: int) -> "FullVocabRows":
+        return FullVocabRows(*(getattr(self, f.name)[start:stop] for f in fields(self)))
+
+    def first_columns(self, k: int) -> "FullVocabRows":
+        """The top k of each row, with the prompt tokens' own logprobs and ranks."""
+        return FullVocabRows(self.token_ids[:, :k].copy(), self.logprobs[:, :k].copy(),
+                             self.actual_logprobs, self.actual_ranks)
+
     def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
         """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
         rows, width = len(self.token_ids), k + 1
@@ -98,6 +107,27 @@ class FullVocabRows:
         ranks[:, 1:] = np.arange(1, k + 1)
         offsets = np.concatenate([[0, 0], np.arange(1, rows + 1) * width]).astype(np.int64)
         return PositionLogprobs(offsets, token_ids.ravel(), logprobs.ravel(), ranks.ravel())
+
+
+@dataclass(frozen=True)
+class FullVocabParts:
+    """prompt_logprobs -1 as a replica returns it: the rows in chunks of a few positions, each
+    stored apart (`store` puts it in Ray's object store: the matrix never travels as one
+    object, and the serializer pool fetches each chunk where it writes it), and the first k
+    columns of every row, for the top-k view of the same positions (echo)."""
+
+    chunks: list  # what `store` returned for each chunk, in position order
+    top_k: FullVocabRows
+
+    @classmethod
+    def split(cls, rows: FullVocabRows, k: int, chunk_positions: int,
+              store: Callable[[FullVocabRows], object]) -> "FullVocabParts":
+        chunks = [store(rows.positions(start, start + chunk_positions))
+                  for start in range(0, len(rows.token_ids), chunk_positions)]
+        return cls(chunks, rows.first_columns(k))
+
+    def followed_by(self, later: "FullVocabParts") -> "FullVocabParts":
+        return FullVocabParts(self.chunks + later.chunks, self.top_k.followed_by(later.top_k))
 
 
 @dataclass(frozen=True)
@@ -115,11 +145,11 @@ class EngineResult:
     prompt_logprobs: PositionLogprobs | None
     completions: list[Completion]
     # With prompt_logprobs -1: every token's logprob at every prompt position.
-    full_vocab: FullVocabRows | None = None
+    full_vocab: FullVocabParts | None = None
 
     def prompt_positions(self, k: int) -> PositionLogprobs:
         """The prompt's top-k entries, from whichever form the engine returned."""
         if self.full_vocab is not None:
-            return self.full_vocab.top_k_positions(self.prompt_token_ids.tolist(), k)
+            return self.full_vocab.top_k.top_k_positions(self.prompt_token_ids.tolist(), k)
         return self.prompt_logprobs
 

@@ -11,13 +11,15 @@
    without the key, so vLLM's own server beside it is unaffected.
 2. The full vocabulary (prompt_logprobs -1), in the replica's own process only (it would break
    vLLM's server, which expects its per-entry objects): keep the engine core's sorted
-   [positions, vocab] tensors as arrays; vLLM's LogprobsProcessor would decode and box every
-   entry (millions of them).
+   [positions, vocab] tensors as arrays, stored away in chunks of positions as each prefill
+   step delivers them; vLLM's LogprobsProcessor would decode and box every entry (millions).
 """
+
+from collections.abc import Callable
 
 import numpy as np
 
-from serve_app.scoring import FullVocabRows
+from serve_app.scoring import FullVocabParts, FullVocabRows
 
 PROMPT_LABELS = "probserve_prompt_label_ids"
 
@@ -34,7 +36,8 @@ def patched(owner, name: str, replacement) -> None:
         setattr(owner, name, replacement)
 
 
-def keep_full_vocab_as_arrays() -> None:
+def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_positions: int) -> None:
+    """Full-vocabulary rows become FullVocabParts: `store` keeps each chunk of positions."""
     from vllm.v1.engine.logprobs import LogprobsProcessor
 
     per_entry = LogprobsProcessor._update_prompt_logprobs
@@ -45,9 +48,10 @@ def keep_full_vocab_as_arrays() -> None:
         token_ids, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by rank
         rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy(),
                              logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
-        if isinstance(self.prompt_logprobs, FullVocabRows):  # a later prefill chunk
-            rows = self.prompt_logprobs.followed_by(rows)
-        self.prompt_logprobs = rows
+        parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions, store)
+        if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
+            parts = self.prompt_logprobs.followed_by(parts)
+        self.prompt_logprobs = parts
 
     patched(LogprobsProcessor, "_update_prompt_logprobs", update_prompt_logprobs)
 

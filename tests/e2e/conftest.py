@@ -31,6 +31,11 @@ CONFIG = {
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {})} for name in FAMILIES]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024},
+    # Two workers, so that every full-vocabulary response is written by both at once; chunks
+    # of 8 positions, so that a test prompt has several.
+    "serializer_pool": {"chunk_positions": 8, "autoscaling_config": {"min_replicas": 2,
+                                                                    "max_replicas": 2},
+                        "ray_actor_options": {"num_cpus": 0.1}},
 }
 
 

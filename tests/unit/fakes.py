@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from serve_app.scoring import FullVocabRows, PositionLogprobs
+from serve_app.scoring import FullVocabParts, FullVocabRows, PositionLogprobs
 from serve_app.vocabulary import Vocabulary
 
 
@@ -43,3 +43,10 @@ def full_vocab_rows(distributions: np.ndarray, prompt_token_ids: list[int]) -> F
     ranks = np.argmax(order == actual[:, None], axis=1) + 1
     return FullVocabRows(order.astype(np.int32), np.take_along_axis(distributions, order, axis=1),
                          distributions[rows, actual].astype(np.float32), ranks.astype(np.int64))
+
+
+def full_vocab_parts(distributions: np.ndarray, prompt_token_ids: list[int], k: int,
+                     chunk_positions: int = 2) -> FullVocabParts:
+    """What a replica returns for prompt_logprobs -1, its chunks kept as they are."""
+    return FullVocabParts.split(full_vocab_rows(distributions, prompt_token_ids), k,
+                                chunk_positions, store=lambda rows: rows)

@@ -5,8 +5,9 @@ import pytest
 from serve_app import admission, completions
 from serve_app.full_vocab import EntryFragments
 from serve_app.scoring import Completion, EngineResult
-from tests.unit.fakes import full_vocab_rows, positions
+from tests.unit.fakes import full_vocab_parts, positions
 from tests.unit.test_admission import CAPS, VOCAB, admit
+from tests.unit.test_relay import relayed
 
 PROMPT_ENTRIES = positions(
     None,
@@ -97,10 +98,10 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
         rows = len(prompt.token_ids) - 1
         logprobs = np.tile(-np.arange(VOCAB.size, dtype=np.float32) - 1, (rows, 1))
         results.append(EngineResult(np.array(prompt.token_ids, np.int32), None, [GENERATED],
-                                    full_vocab_rows(logprobs, prompt.token_ids)))
+                                    full_vocab_parts(logprobs, prompt.token_ids, k=1, chunk_positions=1)))
     response = completions.completion_response("m", prompts, results, body, VOCAB)
-    chunks = completions.streamed_body(response, results, EntryFragments(VOCAB.strings))
-    parsed = orjson.loads(b"".join(chunks))
+    parts = completions.body_parts(response, results)
+    parsed = orjson.loads(relayed(parts, EntryFragments(VOCAB.strings), gzip=False))
     assert len(parsed["choices"]) == 4
     first, third = parsed["choices"][0], parsed["choices"][2]
     assert len(first["prompt_logprobs"]) == 3 and third["prompt_logprobs"] == [None]

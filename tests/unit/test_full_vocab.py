@@ -2,7 +2,7 @@ import numpy as np
 import orjson
 import pytest
 
-from serve_app.full_vocab import EntryFragments, position_json, prompt_logprobs_json
+from serve_app.full_vocab import EntryFragments, chunk_json, position_json
 from serve_app.scoring import FullVocabRows
 from tests.unit.fakes import full_vocab_rows
 
@@ -42,12 +42,11 @@ def test_minus_infinity_is_written_as_minus_9999():
     assert parsed["7"]["logprob"] == -9999.0
 
 
-def test_prompt_logprobs_array_starts_with_null(monkeypatch):
-    monkeypatch.setattr("serve_app.full_vocab.ROWS_PER_CHUNK_BYTES", 100)
+def test_chunks_follow_null_in_the_prompt_logprobs_array():
     rows = sorted_rows(1, 5)
-    chunks = list(prompt_logprobs_json(rows, EntryFragments(TOKENS)))
-    assert len(chunks) > 2
-    parsed = orjson.loads(b"".join(chunks))
+    fragments = EntryFragments(TOKENS)
+    chunks = [chunk_json(rows.positions(start, start + 2), fragments) for start in (0, 2, 4)]
+    parsed = orjson.loads(b"[null" + b"".join(chunks) + b"]")
     assert parsed[0] is None and len(parsed) == 6
     assert [int(k) for k in parsed[3]] == rows.token_ids[2].tolist()
 

@@ -1,0 +1,34 @@
+"""SerializerPool: CPU workers that write full-vocabulary rows as JSON, a chunk at a time.
+
+A Ray Serve deployment of its own, autoscaled apart from the models: the ingress hands it
+chunks of a few positions (references into Ray's object store, put there by the model
+replica), several at once for one response, and relays what comes back in order.
+"""
+
+import asyncio
+
+from ray import serve
+
+from serve_app.compression import deflate_part
+from serve_app.config import AppConfig
+from serve_app.full_vocab import EntryFragments, chunk_json
+from serve_app.vocabulary import Vocabulary
+
+
+@serve.deployment
+class SerializerPool:
+    def __init__(self, config: AppConfig):
+        self.fragments = {model.name: EntryFragments(Vocabulary.load(model.resolved_path()).strings)
+                          for model in config.models}
+
+    async def write(self, model: str, chunk: list, gzip: bool):
+        """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.
+
+        `chunk` is a one-item list: Ray would fetch a bare reference into the caller."""
+        rows = await chunk[0]
+        return await asyncio.to_thread(self.encode, self.fragments[model], rows, gzip)
+
+    @staticmethod
+    def encode(fragments: EntryFragments, rows, gzip: bool):
+        text = chunk_json(rows, fragments)
+        return deflate_part(text) if gzip else text

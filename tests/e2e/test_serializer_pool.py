@@ -1,0 +1,77 @@
+"""The serializer pool (two workers in the test service): a full-vocabulary body read by two
+HTTP clients, a worker that dies mid-stream, a client that leaves mid-stream."""
+
+import gc
+import json
+import subprocess
+import time
+
+import httpx
+import orjson
+import psutil
+import pytest
+
+from serve_app.local import APP_NAME
+from serve_app.models import SMOLLM2
+from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL
+from tests.e2e.test_overload import service_memory
+
+# SmolLM2, 256 positions: about 870 MB of JSON, seconds of the pool's work.
+LONG = {"model": SMOLLM2, "prompt": list(range(1000, 1256)), "max_tokens": 1, "prompt_logprobs": -1}
+
+
+def pool_processes() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if f"ServeReplica:{APP_NAME}:SerializerPool" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_curl_and_httpx_read_the_same_body_as_plain(base_url, http):
+    body = {"model": MODEL, "prompt": list(range(5, 5 + FULL_VOCAB_MAX)), "max_tokens": 1,
+            "temperature": 0, "prompt_logprobs": -1}
+    plain = http.post("/v1/completions", json=body, headers={"accept-encoding": "identity"})
+    assert "content-encoding" not in plain.headers
+    compressed = http.post("/v1/completions", json=body, headers={"accept-encoding": "gzip"})
+    assert compressed.headers["content-encoding"] == "gzip"
+    by_curl = subprocess.run(
+        ["curl", "-sS", "--fail", "--compressed", "-H", "Content-Type: application/json",
+         "-d", json.dumps(body), f"{base_url}/v1/completions"], capture_output=True, check=True)
+    expected = orjson.loads(plain.content)["choices"]
+    assert orjson.loads(compressed.content)["choices"] == expected
+    assert orjson.loads(by_curl.stdout)["choices"] == expected
+    assert len(expected[0]["prompt_logprobs"]) == FULL_VOCAB_MAX
+
+
+def test_a_pool_worker_that_dies_mid_stream_fails_the_response_visibly(http):
+    with pytest.raises(httpx.HTTPError) as failure:
+        with http.stream("POST", "/v1/completions", json=LONG,
+                         headers={"accept-encoding": "gzip"}) as response:
+            assert response.status_code == 200
+            body = response.iter_raw()
+            next(body)
+            for process in pool_processes():
+                process.kill()
+            for _ in body:
+                pass
+    print(f"\nclient saw: {failure.value!r}")
+    retry = http.post("/v1/completions", json={**LONG, "prompt": LONG["prompt"][:32]})
+    assert retry.status_code == 200 and len(retry.json()["choices"][0]["prompt_logprobs"]) == 32
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_pool(http):
+    http.post("/v1/completions", json={**LONG, "prompt": LONG["prompt"][:32]})
+    gc.collect()
+    idle = service_memory()
+    with http.stream("POST", "/v1/completions", json=LONG,
+                     headers={"accept-encoding": "identity"}) as response:
+        assert response.status_code == 200
+        next(response.iter_raw())
+    time.sleep(1)
+    workers = pool_processes()
+    before = sum(p.cpu_times().user + p.cpu_times().system for p in workers)
+    time.sleep(3)
+    spent = sum(p.cpu_times().user + p.cpu_times().system for p in workers) - before
+    after = service_memory()
+    print(f"\nleft mid-stream: pool CPU {spent:.2f} s in 3 s after; service memory "
+          f"{idle / 2**20:.0f} MiB idle, {after / 2**20:.0f} MiB after")
+    assert spent < 0.5
+    assert after <= idle * 1.1, (idle, after)

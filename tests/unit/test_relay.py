@@ -1,0 +1,87 @@
+"""The full-vocabulary relay: chunks written apart (here by local tasks standing in for the
+serializer pool), sent in order, a bounded number under way, the rest cancelled on leaving."""
+
+import asyncio
+import gzip
+
+import orjson
+import pytest
+
+from serve_app.compression import deflate_part
+from serve_app.full_vocab import EntryFragments, chunk_json
+from serve_app.relay import full_vocab_body, in_order
+from tests.unit.test_full_vocab import TOKENS, sorted_rows
+
+
+def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> bytes:
+    """The body as the ingress sends it, each chunk written in a task of its own."""
+    async def write(rows):
+        await asyncio.sleep(0.001 * (len(rows.token_ids) % 3))  # finish out of order
+        text = chunk_json(rows, fragments)
+        return deflate_part(text) if gzip else text
+
+    def start(rows) -> asyncio.Task:
+        return asyncio.ensure_future(write(rows))
+
+    async def body() -> bytes:
+        return b"".join([piece async for piece in full_vocab_body(parts, start, window, gzip)])
+    return asyncio.run(body())
+
+
+def test_gzip_and_plain_bodies_are_the_same_json():
+    rows = sorted_rows(3, 7)
+    parts = [b'{"a":[null', [rows.positions(i, i + 2) for i in range(0, 7, 2)], b"]}"]
+    fragments = EntryFragments(TOKENS)
+    plain = relayed(parts, fragments, gzip=False)
+    assert gzip.decompress(relayed(parts, fragments, gzip=True)) == plain
+    parsed = orjson.loads(plain)["a"]
+    assert parsed[0] is None and len(parsed) == 8
+    assert [int(k) for k in parsed[7]] == rows.token_ids[6].tolist()
+
+
+class Call:
+    """A call that finishes when told, remembering whether it was cancelled."""
+
+    def __init__(self, log: list, index: int):
+        self.future = asyncio.get_running_loop().create_future()
+        self.index, self.cancelled = index, False
+        log.append(self)
+
+    def __await__(self):
+        return self.future.__await__()
+
+    def cancel(self):
+        self.cancelled = True
+        self.future.cancel()
+
+
+def test_results_come_in_order_with_at_most_window_under_way():
+    async def scenario():
+        started: list[Call] = []
+        results = in_order((Call(started, i) for i in range(10)), window=3)
+        first = asyncio.ensure_future(anext(results))
+        await asyncio.sleep(0)
+        assert len(started) == 3  # no more until the first is taken
+        started[1].future.set_result(1)
+        started[2].future.set_result(2)
+        await asyncio.sleep(0)
+        assert not first.done()  # the first comes first
+        started[0].future.set_result(0)
+        assert await first == 0 and len(started) == 3
+        assert await anext(results) == 1 and len(started) == 4
+        await results.aclose()  # the client left
+        assert [c.cancelled for c in started] == [False, False, True, True]
+    asyncio.run(scenario())
+
+
+def test_a_failed_call_ends_the_relay_and_cancels_the_others():
+    async def scenario():
+        started: list[Call] = []
+        results = in_order((Call(started, i) for i in range(5)), window=2)
+        taken = asyncio.ensure_future(anext(results))
+        await asyncio.sleep(0)
+        started[0].future.set_exception(RuntimeError("the pool worker died"))
+        with pytest.raises(RuntimeError):
+            await taken
+        assert started[1].cancelled
+    asyncio.run(scenario())
