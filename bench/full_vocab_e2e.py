@@ -1,16 +1,23 @@
 """prompt_logprobs: -1 end to end: probserve against vLLM's own OpenAI server, same session.
 
 Both serve the embedded SmolLM2-135M-Instruct (vocabulary 49,152) in float32, one after the
-other on this machine; each request is timed to the last byte of the gzip-accepting response.
+other on this machine. Each request is timed to its first and last byte, in each form (JSON,
+JSON with gzip), with the serializer pool at each size asked; the machine's memory in use is
+sampled during and after it (the whole service: Ray's processes, vLLM's, the object store).
 
-    .venv/bin/python bench/full_vocab_e2e.py [--tokens 64 128] [--repeats 2]
+    .venv/bin/python bench/full_vocab_e2e.py --tokens 128 512 1024 --workers 1 2 \\
+        --vllm-tokens 128
 """
 
 import argparse
 import statistics
+import threading
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import httpx
+import psutil
 from servers import vllm_server
 
 from serve_app import local
@@ -18,59 +25,120 @@ from serve_app.home import apply_cache_environment
 from serve_app.models import SMOLLM2, prepare
 
 PORT = 8311
+FORMS = {"json": {"accept-encoding": "identity"}, "gzip": {"accept-encoding": "gzip"}}
 
 
-def timed_request(url: str, model: str, tokens: int) -> tuple[float, int]:
-    body = {"model": model, "prompt": list(range(100, 100 + tokens)), "max_tokens": 1,
+@dataclass
+class Timing:
+    first_byte: float
+    total: float
+    size: int
+    peak_growth: int = 0  # bytes of memory in use above the idle footprint, at most
+    after_growth: int = 0  # the same, a second after the response
+
+
+def memory_in_use() -> int:
+    memory = psutil.virtual_memory()
+    return memory.total - memory.available
+
+
+@contextmanager
+def peak_memory():
+    """Samples the machine's memory in use every 20 ms; yields a list that ends up holding
+    the peak."""
+    peak, done = [memory_in_use()], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], memory_in_use())
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
+
+
+def timed_request(url: str, tokens: int, headers: dict) -> Timing:
+    body = {"model": SMOLLM2, "prompt": list(range(100, 100 + tokens)), "max_tokens": 1,
             "prompt_logprobs": -1}
-    started = time.perf_counter()
-    size = 0
-    with httpx.Client(timeout=900) as client:
-        with client.stream("POST", f"{url}/v1/completions", json=body,
-                           headers={"accept-encoding": "gzip"}) as response:
+    idle = memory_in_use()
+    with peak_memory() as peak, httpx.Client(timeout=900) as client:
+        started = time.perf_counter()
+        first_byte, size = None, 0
+        with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as response:
+            assert response.status_code == 200, response.status_code
             for chunk in response.iter_raw():
+                first_byte = first_byte or time.perf_counter() - started
                 size += len(chunk)
-    assert response.status_code == 200, response.status_code
-    return time.perf_counter() - started, size
+        total = time.perf_counter() - started
+    time.sleep(1)
+    return Timing(first_byte, total, size, peak[0] - idle, memory_in_use() - idle)
 
 
-def measure(url: str, model: str, sizes: list[int], repeats: int) -> dict[int, float]:
-    timed_request(url, model, 8)  # warm-up
+def measure(url: str, sizes: list[int], repeats: int, label: str) -> dict:
+    timed_request(url, 8, FORMS["gzip"])  # warm-up
     results = {}
     for tokens in sizes:
-        runs = [timed_request(url, model, tokens) for _ in range(repeats)]
-        results[tokens] = statistics.median(seconds for seconds, _ in runs)
-        print(f"  {tokens} tokens: {results[tokens]:.2f} s, {runs[0][1] / 1e6:.0f} MB on the wire",
-              flush=True)
+        for form, headers in FORMS.items():
+            runs = [timed_request(url, tokens, headers) for _ in range(repeats)]
+            best = min(runs, key=lambda run: run.total)
+            results[tokens, form] = timing = Timing(
+                statistics.median(r.first_byte for r in runs), statistics.median(r.total for r in runs),
+                best.size, max(r.peak_growth for r in runs), max(r.after_growth for r in runs))
+            print(f"| {label} | {tokens} | {form} | {timing.first_byte:.2f} s | {timing.total:.2f} s "
+                  f"| {timing.size / 1e6:.0f} MB | {timing.peak_growth / 2**20:.0f} MiB "
+                  f"| {timing.after_growth / 2**20:.0f} MiB |", flush=True)
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--repeats", type=int, default=2)
-    options = parser.parse_args()
-    apply_cache_environment()
-    prepare(SMOLLM2)
-
-    print("vLLM's OpenAI server:", flush=True)
+def run_vllm(sizes: list[int], repeats: int) -> dict:
     server = vllm_server(PORT)
     try:
         local.wait_healthy(f"http://127.0.0.1:{PORT}")
-        baseline = measure(f"http://127.0.0.1:{PORT}", SMOLLM2, options.tokens, options.repeats)
+        return measure(f"http://127.0.0.1:{PORT}", sizes, repeats, "vLLM server")
     finally:
         server.terminate()
         server.wait()
 
-    print("probserve:", flush=True)
-    url = local.start({"models": [{"name": SMOLLM2}]}, port=PORT, log_to_driver=False)
+
+def run_probserve(sizes: list[int], repeats: int, workers: int) -> dict:
+    pool = {"autoscaling_config": {"min_replicas": workers, "max_replicas": workers}}
+    url = local.start({"models": [{"name": SMOLLM2}], "serializer_pool": pool}, port=PORT,
+                      log_to_driver=False)
     try:
-        ours = measure(url, SMOLLM2, options.tokens, options.repeats)
+        return measure(url, sizes, repeats, f"probserve, {workers} pool worker(s)")
     finally:
         local.stop()
-    for tokens in options.tokens:
-        print(f"{tokens} tokens: vLLM server {baseline[tokens]:.1f} s, probserve {ours[tokens]:.1f} s, "
-              f"{baseline[tokens] / ours[tokens]:.1f}x faster")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[128, 512, 1024])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--vllm-tokens", type=int, nargs="*", default=[128],
+                        help="sizes vLLM's server is asked (it ran out of memory at 512)")
+    parser.add_argument("--repeats", type=int, default=1)
+    options = parser.parse_args()
+    apply_cache_environment()
+    prepare(SMOLLM2)
+    print("| server | prompt tokens | form | first byte | total | bytes | peak memory growth "
+          "| after |\n| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
+    baseline = run_vllm(options.vllm_tokens, options.repeats) if options.vllm_tokens else {}
+    ours = {workers: run_probserve(options.tokens, options.repeats, workers)
+            for workers in options.workers}
+    for (tokens, form), theirs in baseline.items():
+        for workers, results in ours.items():
+            if (tokens, form) in results:
+                print(f"{tokens} tokens, {form}, {workers} worker(s): "
+                      f"{theirs.total / results[tokens, form].total:.1f}x vLLM's server")
+    if len(ours) > 1:
+        first, *others = sorted(ours)
+        for workers in others:
+            for key, timing in ours[workers].items():
+                print(f"{key[0]} tokens, {key[1]}: {workers} workers "
+                      f"{ours[first][key].total / timing.total:.2f}x {first}")
 
 
 if __name__ == "__main__":

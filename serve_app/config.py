@@ -116,8 +116,9 @@ class SerializerPoolConfig(Strict):
     # Chunks of one response in the pool or written and not yet sent: several workers serve
     # one response at once, and a slow client holds production back.
     window: int = Field(4, ge=1)
-    # Chunks one worker takes at once: one written while the next is fetched.
-    max_ongoing_requests: int = Field(2, ge=1)
+    # Chunks one worker writes at once: one, so that a worker is a core's worth of work and
+    # the pool scales by workers (fetching a chunk from the object store is a mapping).
+    max_ongoing_requests: int = Field(1, ge=1)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
 
