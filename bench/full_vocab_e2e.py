@@ -2,8 +2,9 @@
 
 Both serve the embedded SmolLM2-135M-Instruct (vocabulary 49,152) in float32, one after the
 other on this machine. Each request is timed to its first and last byte, in each form (JSON,
-JSON with gzip), with the serializer pool at each size asked; the machine's memory in use is
-sampled during and after it (the whole service: Ray's processes, vLLM's, the object store).
+JSON with gzip, the binary `.npy`), with the serializer pool at each size asked; the machine's
+memory in use is sampled during and after it (the whole service: Ray's processes, vLLM's, the
+object store).
 
     .venv/bin/python bench/full_vocab_e2e.py --tokens 128 512 1024 --workers 1 2 \\
         --vllm-tokens 128
@@ -25,7 +26,8 @@ from serve_app.home import apply_cache_environment
 from serve_app.models import SMOLLM2, prepare
 
 PORT = 8311
-FORMS = {"json": {"accept-encoding": "identity"}, "gzip": {"accept-encoding": "gzip"}}
+FORMS = {"json": {"accept-encoding": "identity"}, "gzip": {"accept-encoding": "gzip"},
+         "npy": {"accept": "application/x-npy"}}
 
 
 @dataclass

@@ -19,7 +19,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException
 
-from serve_app import admission, chat, completions, tokenizer
+from serve_app import admission, chat, completions, npy, tokenizer
 from serve_app.compression import accepts_gzip
 from serve_app.config import AppConfig, Capabilities, ModelConfig
 from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
@@ -151,13 +151,21 @@ async def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
     return StreamingResponse(all_events(), media_type="text/event-stream")
 
 
-def streaming_json(chunks: AsyncIterator[bytes], gzip: bool,
+def streaming_body(chunks: AsyncIterator[bytes], media_type: str, gzip: bool,
                    release: Callable[[], None]) -> StreamingResponse:
     """A large body, sent as it is written."""
     body = released_after(chunks, release)
     weakref.finalize(body, release)  # a body never started (the client left) releases too
-    headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"} if gzip else {}
-    return StreamingResponse(body, media_type="application/json", headers=headers)
+    headers = {"Content-Encoding": "gzip"} if gzip else {}
+    return StreamingResponse(body, media_type=media_type,
+                             headers={**headers, "Vary": "Accept, Accept-Encoding"})
+
+
+def check_form(request: Request, full_vocab: bool) -> None:
+    """The binary form exists for the full vocabulary only."""
+    if npy.accepts_npy(request.headers.get("accept")) and not full_vocab:
+        raise APIError(406, "not_acceptable", f"{npy.MEDIA_TYPE} is the form of "
+                       "`prompt_logprobs: -1` on /v1/completions only; accept application/json")
 
 
 async def generate_all(replica: DeploymentHandle, engine_requests: list) -> list:
@@ -240,6 +248,7 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         body, model, vocab = await self.parse(
             request, CompletionRequest, lambda caps: admission.rules(caps, self.config.ingress))
+        check_form(request, body.prompt_logprobs == -1)
         caps = model.capabilities
         admission.check_completion(body, caps, self.config.ingress, vocab)
         bias = admission.logit_bias(body, vocab.logits_size)
@@ -259,6 +268,7 @@ class Ingress:
     async def chat_completions(self, request: Request) -> Response:
         body, model, vocab = await self.parse(
             request, ChatRequest, lambda caps: admission.rules(caps, self.config.ingress, chat=True))
+        check_form(request, full_vocab=False)
         caps = model.capabilities
         admission.check_chat(body, caps, self.config.ingress, vocab)
         bias = admission.logit_bias(body, vocab.logits_size)
@@ -291,6 +301,8 @@ class Ingress:
         release = once(self.full_vocab_slots.release)
         try:
             results = await self.generate(model.name, engine_requests)
+            if npy.accepts_npy(request.headers.get("accept")):
+                return self.npy_body(model, prompts, results, release)
             response = completions.completion_response(
                 model.name, prompts, results, body, self.vocabularies[model.name])
             gzip = accepts_gzip(request.headers.get("accept-encoding"))
@@ -299,10 +311,19 @@ class Ingress:
                 return self.serializers.write.remote(model.name, [chunk], gzip)
             chunks = full_vocab_body(completions.body_parts(response, results), write,
                                      self.config.serializer_pool.window, gzip)
-            return streaming_json(chunks, gzip, release)
+            return streaming_body(chunks, "application/json", gzip, release)
         except BaseException:
             release()
             raise
+
+    def npy_body(self, model: ModelConfig, prompts: list, results: list,
+                 release: Callable[[], None]) -> StreamingResponse:
+        """The binary form: never gzip-encoded (float32 noise hardly compresses)."""
+        parts = npy.body_parts([p.token_ids for p in prompts], results,
+                               self.vocabularies[model.name].logits_size)
+        chunks = full_vocab_body(parts, self.serializers.write_npy.remote,
+                                 self.config.serializer_pool.window, gzip=False)
+        return streaming_body(chunks, npy.MEDIA_TYPE, False, release)
 
     def refusal(self, error: Exception) -> Exception:
         """A model's full queue or dead engine, as the client's 503; other errors as they are."""

@@ -9,9 +9,11 @@ import asyncio
 
 from ray import serve
 
+from serve_app import npy
 from serve_app.compression import deflate_part
 from serve_app.config import AppConfig
 from serve_app.full_vocab import EntryFragments, chunk_json
+from serve_app.npy import NpyChunk
 from serve_app.vocabulary import Vocabulary
 
 
@@ -32,3 +34,10 @@ class SerializerPool:
     def encode(fragments: EntryFragments, rows, gzip: bool):
         text = chunk_json(rows, fragments)
         return deflate_part(text) if gzip else text
+
+    async def write_npy(self, chunk: NpyChunk) -> bytes:
+        """The chunk's `.npy` records (serve_app.npy)."""
+        rows = await chunk.rows
+        return await asyncio.to_thread(
+            lambda: npy.records(chunk.prompt, chunk.first_position, chunk.token_ids,
+                                npy.by_token_id(rows)))

@@ -117,17 +117,20 @@ class FullVocabParts:
     columns of every row, for the top-k view of the same positions (echo)."""
 
     chunks: list  # what `store` returned for each chunk, in position order
+    sizes: list[int]  # the positions in each
     top_k: FullVocabRows
 
     @classmethod
     def split(cls, rows: FullVocabRows, k: int, chunk_positions: int,
               store: Callable[[FullVocabRows], object]) -> "FullVocabParts":
-        chunks = [store(rows.positions(start, start + chunk_positions))
-                  for start in range(0, len(rows.token_ids), chunk_positions)]
-        return cls(chunks, rows.first_columns(k))
+        starts = range(0, len(rows.token_ids), chunk_positions)
+        chunks = [rows.positions(start, start + chunk_positions) for start in starts]
+        return cls([store(chunk) for chunk in chunks], [len(chunk.token_ids) for chunk in chunks],
+                   rows.first_columns(k))
 
     def followed_by(self, later: "FullVocabParts") -> "FullVocabParts":
-        return FullVocabParts(self.chunks + later.chunks, self.top_k.followed_by(later.top_k))
+        return FullVocabParts(self.chunks + later.chunks, self.sizes + later.sizes,
+                              self.top_k.followed_by(later.top_k))
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ PROVOCATIONS = {
                         "model"),
     "not_found": ("GET", "/v1/nothing-here", {}, 404, None),
     "method_not_allowed": ("GET", "/v1/completions", {}, 405, None),
+    "not_acceptable": ("POST", "/v1/completions",
+                       {**completion(), "headers": {"accept": "application/x-npy"}}, 406, None),
     "request_too_large": ("POST", "/v1/completions",
                           {"content": b'{"prompt": "' + b"a" * (17 << 20) + b'"}', "headers": JSON},
                           413, None),

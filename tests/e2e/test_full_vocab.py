@@ -1,6 +1,7 @@
 """prompt_logprobs: -1, the whole distribution at every prompt position, streamed."""
 
 import gzip
+import io
 
 import httpx
 import numpy as np
@@ -97,3 +98,41 @@ def test_abandoned_bodies_give_their_slot_back(base_url, http):
                 next(response.iter_raw())
     response, raw = full_vocab(http, TEXT)
     assert orjson.loads(gzip.decompress(raw))["choices"][0]["prompt_logprobs"][0] is None
+
+
+def npy_records(http, body: dict) -> tuple[httpx.Response, np.ndarray]:
+    with http.stream("POST", "/v1/completions", json=body,
+                     headers={"accept": "application/x-npy", "accept-encoding": "gzip"}) as response:
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200, raw[:500]
+    return response, np.load(io.BytesIO(raw))
+
+
+def test_the_binary_form_is_every_distribution_in_token_order(http, reference):
+    prompts = [TEXT, "Paris"]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 1, "prompt_logprobs": -1, "n": 2}
+    response, records = npy_records(http, body)
+    assert response.headers["content-type"] == "application/x-npy"
+    assert "content-encoding" not in response.headers  # never compressed
+    ids = [reference.tokenizer.encode(p) for p in prompts]
+    assert len(records) == sum(map(len, ids))  # one record per position, once per prompt
+    for index, prompt_ids in enumerate(ids):
+        mine = records[records["prompt"] == index]
+        assert mine["token_id"].tolist() == prompt_ids
+        assert mine["position"].tolist() == list(range(len(prompt_ids)))
+        assert np.isnan(mine["logprobs"][0]).all()
+        np.testing.assert_allclose(mine["logprobs"][1:], reference.prompt_rows(prompt_ids)[1:],
+                                   atol=TOLERANCE)
+
+
+def test_the_binary_and_json_forms_agree(http):
+    prompt = list(range(5, 5 + FULL_VOCAB_MAX))
+    _, records = npy_records(http, {"model": MODEL, "prompt": prompt, "max_tokens": 1,
+                                    "prompt_logprobs": -1})
+    _, raw = full_vocab(http, prompt)
+    positions = orjson.loads(gzip.decompress(raw))["choices"][0]["prompt_logprobs"]
+    for position in (1, FULL_VOCAB_MAX // 2, FULL_VOCAB_MAX - 1):
+        entries = positions[position]
+        token_ids = [int(t) for t in entries]
+        logprobs = np.array([e["logprob"] for e in entries.values()], np.float32)
+        assert records["logprobs"][position][token_ids].tolist() == logprobs.tolist()

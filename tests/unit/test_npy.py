@@ -1,0 +1,45 @@
+"""The binary form: a streamed .npy file that NumPy reads back."""
+
+import io
+
+import numpy as np
+import pytest
+
+from serve_app import npy
+from serve_app.scoring import EngineResult
+from tests.unit.fakes import full_vocab_parts
+
+
+@pytest.mark.parametrize("accept, chosen", [
+    ("application/x-npy", True), ("application/json, application/x-npy;q=0.5", True),
+    ("application/x-npy;q=0", False), ("*/*", False), (None, False),
+])
+def test_npy_only_when_named(accept, chosen):
+    assert npy.accepts_npy(accept) is chosen
+
+
+def test_header_and_records_are_an_npy_file():
+    dtype = npy.record_dtype(5)
+    logprobs = np.log(np.full((2, 5), 0.2, np.float32))
+    data = npy.header(dtype, 3) + npy.first_position(0, 7, 5) + npy.records(0, 1, [3, 4], logprobs)
+    assert len(npy.header(dtype, 3)) % 64 == 0
+    loaded = np.load(io.BytesIO(data))
+    assert loaded["token_id"].tolist() == [7, 3, 4] and loaded["position"].tolist() == [0, 1, 2]
+    assert np.isnan(loaded["logprobs"][0]).all()
+    assert np.array_equal(loaded["logprobs"][1:], logprobs)
+
+
+def test_rows_go_back_to_token_order():
+    distributions = np.log(np.random.default_rng(0).dirichlet(np.ones(6), 3)).astype(np.float32)
+    prompts = [[0, 1, 2, 3], [5]]
+    results = [EngineResult(np.array(p, np.int32), None, [],
+                            full_vocab_parts(distributions[: len(p) - 1], p, k=0, chunk_positions=2))
+               for p in prompts]
+    parts = list(npy.body_parts(prompts, results, 6))
+    written = [npy.records(c.prompt, c.first_position, c.token_ids, npy.by_token_id(c.rows))
+               if isinstance(c, npy.NpyChunk) else c
+               for part in parts for c in ([part] if isinstance(part, bytes) else part)]
+    loaded = np.load(io.BytesIO(b"".join(written)))
+    assert loaded["prompt"].tolist() == [0, 0, 0, 0, 1]
+    assert loaded["token_id"].tolist() == [0, 1, 2, 3, 5]
+    assert np.array_equal(loaded["logprobs"][1:4], distributions)
