@@ -1,7 +1,10 @@
-"""Full-vocabulary JSON: the vectorized writer against the per-entry path, same process.
+"""Full-vocabulary JSON on one core: the vectorized writer against the per-entry path, and
+what a serializer-pool worker does (write, then deflate) against deflate alone, same process.
 
 The per-entry baseline is what an OpenAI server does with vLLM's objects: one dict per entry,
-then orjson. Both write the same `prompt_logprobs` array from the same sorted rows.
+then orjson. Both write the same `prompt_logprobs` array from the same sorted rows. Deflate
+alone (ISA-L level 1, the pool's, and zlib level 1 beside it) on the same JSON bytes is the
+limit a worker's rate is measured against.
 
     .venv/bin/python bench/full_vocab_json.py [--positions 64] [--vocab 49152] [--repeats 5]
 """
@@ -9,12 +12,16 @@ then orjson. Both write the same `prompt_logprobs` array from the same sorted ro
 import argparse
 import statistics
 import time
+import zlib
 
 import numpy as np
 import orjson
 
-from serve_app.full_vocab import EntryFragments, prompt_logprobs_json
+from serve_app.compression import deflate_part
+from serve_app.full_vocab import EntryFragments, chunk_json
 from serve_app.scoring import FullVocabRows
+
+CHUNK_POSITIONS = 16  # the pool's default
 
 
 def sorted_rows(positions: int, vocab: int) -> FullVocabRows:
@@ -35,8 +42,18 @@ def per_entry(rows: FullVocabRows, tokens: list[str]) -> bytes:
     return orjson.dumps(positions)
 
 
+def chunks(rows: FullVocabRows) -> list[FullVocabRows]:
+    return [rows.positions(start, start + CHUNK_POSITIONS)
+            for start in range(0, len(rows.token_ids), CHUNK_POSITIONS)]
+
+
 def vectorized(rows: FullVocabRows, fragments: EntryFragments) -> int:
-    return sum(len(chunk) for chunk in prompt_logprobs_json(rows, fragments))
+    return sum(len(chunk_json(chunk, fragments)) for chunk in chunks(rows))
+
+
+def pool_worker(rows: FullVocabRows, fragments: EntryFragments) -> int:
+    """What a worker does for a gzip body: each chunk's JSON, deflated."""
+    return sum(len(deflate_part(chunk_json(chunk, fragments)).data) for chunk in chunks(rows))
 
 
 def median_seconds(run, repeats: int) -> float:
@@ -57,15 +74,24 @@ def main() -> None:
     rows = sorted_rows(options.positions, options.vocab)
     tokens = [f"tok{i}" for i in range(options.vocab)]
     fragments = EntryFragments(tokens)
-    size = vectorized(rows, fragments)
-    fast = median_seconds(lambda: vectorized(rows, fragments), options.repeats)
-    slow = median_seconds(lambda: per_entry(rows, tokens), options.repeats)
-    mb = size / 1e6
+    texts = [chunk_json(chunk, fragments) for chunk in chunks(rows)]
+    mb = sum(map(len, texts)) / 1e6
+    runs = {
+        "per-entry dicts + orjson": lambda: per_entry(rows, tokens),
+        "vectorized writer": lambda: vectorized(rows, fragments),
+        "ISA-L deflate alone, level 1": lambda: [deflate_part(text) for text in texts],
+        "zlib deflate alone, level 1": lambda: [zlib.compress(text, 1) for text in texts],
+        "pool worker: writer + ISA-L deflate": lambda: pool_worker(rows, fragments),
+    }
     print(f"{options.positions} positions x {options.vocab} entries, {mb:.0f} MB of JSON, "
-          f"median of {options.repeats}")
-    print(f"per-entry dicts + orjson: {slow:.2f} s ({mb / slow:.0f} MB/s)")
-    print(f"vectorized writer:        {fast:.2f} s ({mb / fast:.0f} MB/s)")
-    print(f"speed-up: {slow / fast:.1f}x")
+          f"chunks of {CHUNK_POSITIONS}, one core, median of {options.repeats}\n"
+          "| work | median | rate |\n| --- | --- | --- |")
+    seconds = {name: median_seconds(run, options.repeats) for name, run in runs.items()}
+    for name, spent in seconds.items():
+        print(f"| {name} | {spent:.2f} s | {mb / spent:.0f} MB/s |")
+    deflate = seconds["ISA-L deflate alone, level 1"]
+    print(f"writer vs per-entry: {seconds['per-entry dicts + orjson'] / seconds['vectorized writer']:.1f}x; "
+          f"pool worker vs deflate alone: {deflate / seconds['pool worker: writer + ISA-L deflate']:.2f}")
 
 
 if __name__ == "__main__":

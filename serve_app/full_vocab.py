@@ -3,18 +3,19 @@ to JSON a position at a time without a Python object per entry.
 
 A position's JSON is `{"<id>": {"logprob": <lp>, "rank": <r>, "decoded_token": "<text>"}, ...}`
 in rank order. Everything but the logprob text depends only on the token or the rank, so it is
-prepared once per model as byte tables; each position is then one vectorized gather of
-table slices and the logprobs' text (written by orjson).
+prepared once per model as byte tables; orjson writes the logprobs' text, and a compiled loop
+(numba) copies each entry's four pieces into the output.
 """
 
+import numba
 import numpy as np
 import orjson
 
 from serve_app.scoring import NEG_INF_LOGPROB, FullVocabRows
 
-# Byte offsets fit 32 bits (a position is a few MB, the tables tens): half the memory traffic
-# of 64-bit indices, and the gather is the cost.
+# Byte offsets fit 32 bits (a position is a few MB, the tables tens).
 OFFSET = np.int32
+COMMA, OPEN, CLOSE = b",{}"
 
 
 class ByteTable:
@@ -27,18 +28,18 @@ class ByteTable:
 
 
 class EntryFragments:
-    """Per model: the JSON around each entry's logprob, by token id and by rank."""
+    """Per model: the JSON around each entry's logprob, by token id and by rank, in one buffer."""
 
     def __init__(self, token_strings: list[str]):
         self.vocab_size = len(token_strings)
-        self.before = ByteTable([b'"%d":{"logprob":' % i for i in range(self.vocab_size)])
-        self.rank = ByteTable([b',"rank":%d,"decoded_token":' % r
-                               for r in range(1, self.vocab_size + 1)])
-        self.after = ByteTable([orjson.dumps(s) + b"}," for s in token_strings])
-        # One buffer holding all three tables, and each table's place in it.
-        self.buffer = np.concatenate([self.before.buffer, self.rank.buffer, self.after.buffer])
-        self.rank_base = len(self.before.buffer)
-        self.after_base = self.rank_base + len(self.rank.buffer)
+        before = ByteTable([b'"%d":{"logprob":' % i for i in range(self.vocab_size)])
+        rank = ByteTable([b',"rank":%d,"decoded_token":' % r for r in range(1, self.vocab_size + 1)])
+        after = ByteTable([orjson.dumps(s) + b"}," for s in token_strings])
+        self.buffer = np.concatenate([before.buffer, rank.buffer, after.buffer])
+        # (starts in `buffer`, lengths) of each table, as the writer takes them.
+        self.tables = (before.starts, before.lengths,
+                       rank.starts + len(before.buffer), rank.lengths,
+                       after.starts + len(before.buffer) + len(rank.buffer), after.lengths)
 
 
 def logprob_texts(logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -51,36 +52,50 @@ def logprob_texts(logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return buffer, starts, ends - starts
 
 
-def gather(buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """buffer[starts[0]:starts[0]+lengths[0]] + buffer[starts[1]:...] + ..., vectorized."""
-    ends = np.cumsum(lengths, dtype=OFFSET)
-    index = np.repeat(starts - (ends - lengths), lengths)
-    index += np.arange(len(index), dtype=OFFSET)
-    return np.take(buffer, index)
+@numba.njit(inline="always")
+def copy_piece(out, at, source, start, length):
+    for i in range(length):
+        out[at + i] = source[start + i]
+    return at + length
+
+
+@numba.njit(nogil=True, cache=True)
+def write_position(out, at, token_ids, texts, text_starts, text_lengths, buffer, before_starts,
+                   before_lengths, rank_starts, rank_lengths, after_starts, after_lengths):
+    """`,{entries}` at out[at:]; returns the end. Entry j: before[token], the logprob's
+    text, rank[j], after[token]."""
+    out[at] = COMMA
+    out[at + 1] = OPEN
+    at += 2
+    for j in range(token_ids.shape[0]):
+        token = token_ids[j]
+        at = copy_piece(out, at, buffer, before_starts[token], before_lengths[token])
+        at = copy_piece(out, at, texts, text_starts[j], text_lengths[j])
+        at = copy_piece(out, at, buffer, rank_starts[j], rank_lengths[j])
+        at = copy_piece(out, at, buffer, after_starts[token], after_lengths[token])
+    out[at - 1] = CLOSE  # the last entry's "," closes the object instead
+    return at
+
+
+def positions_json(token_ids: np.ndarray, logprobs: np.ndarray,
+                   fragments: EntryFragments) -> np.ndarray:
+    """`,{...},{...}` (uint8): rows of token ids by rank and their logprobs."""
+    texts = [logprob_texts(row) for row in logprobs]
+    # Each row names each token and each rank at most once: the tables bound its size.
+    out = np.empty(sum(2 + len(fragments.buffer) + len(text) for text, _, _ in texts), np.uint8)
+    at = 0
+    for row, (text, starts, lengths) in zip(token_ids, texts):
+        at = write_position(out, at, row, text, starts, lengths, fragments.buffer, *fragments.tables)
+    return out[:at]
 
 
 def position_json(token_ids: np.ndarray, logprobs: np.ndarray, fragments: EntryFragments) -> bytes:
-    """One position's `{id: {logprob, rank, decoded_token}, ...}` in rank order."""
-    texts, text_starts, text_lengths = logprob_texts(logprobs)
-    count = len(token_ids)
-    source = np.concatenate([fragments.buffer, texts])
-    starts = np.empty((count, 4), OFFSET)
-    lengths = np.empty((count, 4), OFFSET)
-    starts[:, 0] = fragments.before.starts[token_ids]
-    lengths[:, 0] = fragments.before.lengths[token_ids]
-    starts[:, 1] = text_starts + len(fragments.buffer)
-    lengths[:, 1] = text_lengths
-    starts[:, 2] = fragments.rank.starts[:count] + fragments.rank_base
-    lengths[:, 2] = fragments.rank.lengths[:count]
-    starts[:, 3] = fragments.after.starts[token_ids] + fragments.after_base
-    lengths[:, 3] = fragments.after.lengths[token_ids]
-    body = gather(source, starts.ravel(), lengths.ravel())
-    body[-1] = ord("}")  # the last entry's "," closes the object instead
-    return b"{" + body.tobytes()
+    """One position's `{...}` in rank order."""
+    return positions_json(token_ids[None], logprobs[None], fragments)[1:].tobytes()
 
 
-def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> bytes:
-    """A chunk of positions as it sits in the `prompt_logprobs` array: `,{...},{...}`; the
-    array is `[null` followed by its chunks in order, then `]`."""
-    return b"".join(b"," + position_json(token_ids, logprobs, fragments)
-                    for token_ids, logprobs in zip(rows.token_ids, rows.logprobs))
+def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> np.ndarray:
+    """A chunk of positions as it sits in the `prompt_logprobs` array: `,{...},{...}` (uint8,
+    for deflate to read in place); the array is `[null` followed by its chunks in order,
+    then `]`."""
+    return positions_json(rows.token_ids, rows.logprobs, fragments)

@@ -21,6 +21,7 @@ def cache_environment(home: Path) -> dict[str, str]:
         "VLLM_RPC_BASE_PATH": str(home / "sockets"),
         "TORCHINDUCTOR_CACHE_DIR": str(home / "torchinductor"),
         "TRITON_CACHE_DIR": str(home / "triton"),
+        "NUMBA_CACHE_DIR": str(home / "numba"),
         "HF_HOME": str(home / "huggingface"),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

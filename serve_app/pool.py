@@ -7,12 +7,13 @@ replica), several at once for one response, and relays what comes back in order.
 
 import asyncio
 
+import numpy as np
 from ray import serve
 
 from serve_app import npy
 from serve_app.compression import deflate_part
 from serve_app.config import AppConfig
-from serve_app.full_vocab import EntryFragments, chunk_json
+from serve_app.full_vocab import EntryFragments, chunk_json, position_json
 from serve_app.npy import NpyChunk
 from serve_app.vocabulary import Vocabulary
 
@@ -22,6 +23,11 @@ class SerializerPool:
     def __init__(self, config: AppConfig):
         self.fragments = {model.name: EntryFragments(Vocabulary.load(model.resolved_path()).strings)
                           for model in config.models}
+        # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
+        # cache: pay it before serving.
+        fragments = next(iter(self.fragments.values()))
+        position_json(np.arange(fragments.vocab_size), np.zeros(fragments.vocab_size, np.float32),
+                      fragments)
 
     async def write(self, model: str, chunk: list, gzip: bool):
         """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.
@@ -33,7 +39,7 @@ class SerializerPool:
     @staticmethod
     def encode(fragments: EntryFragments, rows, gzip: bool):
         text = chunk_json(rows, fragments)
-        return deflate_part(text) if gzip else text
+        return deflate_part(text) if gzip else text.tobytes()
 
     async def write_npy(self, chunk: NpyChunk) -> bytes:
         """The chunk's `.npy` records (serve_app.npy)."""

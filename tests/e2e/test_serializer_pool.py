@@ -18,6 +18,10 @@ from tests.e2e.test_overload import service_memory
 
 # SmolLM2, 256 positions: about 870 MB of JSON, seconds of the pool's work.
 LONG = {"model": SMOLLM2, "prompt": list(range(1000, 1256)), "max_tokens": 1, "prompt_logprobs": -1}
+# 768 positions: the pool writes for many seconds after the first byte (and Ray Serve's proxy
+# takes what the ingress sends without waiting for the client, so the body must outlast the
+# time it takes to kill the workers).
+LONGER = {**LONG, "prompt": list(range(1000, 1768))}
 
 
 def pool_processes() -> list[psutil.Process]:
@@ -43,7 +47,7 @@ def test_curl_and_httpx_read_the_same_body_as_plain(base_url, http):
 
 def test_a_pool_worker_that_dies_mid_stream_fails_the_response_visibly(http):
     with pytest.raises(httpx.HTTPError) as failure:
-        with http.stream("POST", "/v1/completions", json=LONG,
+        with http.stream("POST", "/v1/completions", json=LONGER,
                          headers={"accept-encoding": "gzip"}) as response:
             assert response.status_code == 200
             body = response.iter_raw()

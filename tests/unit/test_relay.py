@@ -18,7 +18,7 @@ def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> by
     async def write(rows):
         await asyncio.sleep(0.001 * (len(rows.token_ids) % 3))  # finish out of order
         text = chunk_json(rows, fragments)
-        return deflate_part(text) if gzip else text
+        return deflate_part(text) if gzip else text.tobytes()
 
     def start(rows) -> asyncio.Task:
         return asyncio.ensure_future(write(rows))
