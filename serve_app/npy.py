@@ -43,13 +43,20 @@ def header(dtype: np.dtype, records: int) -> bytes:
     return MAGIC + len(text).to_bytes(2, "little") + text
 
 
-def records(prompt: int, first_position: int, token_ids: list[int],
-            logprobs: np.ndarray) -> bytes:
-    """Consecutive positions of one prompt; `logprobs` [positions, vocabulary] by token id."""
-    out = np.empty(len(token_ids), record_dtype(logprobs.shape[1]))
+def empty_records(prompt: int, first_position: int, token_ids: list[int],
+                  vocab_size: int) -> np.ndarray:
+    """Consecutive positions of one prompt, their logprobs still to be written."""
+    out = np.empty(len(token_ids), record_dtype(vocab_size))
     out["prompt"] = prompt
     out["position"] = np.arange(first_position, first_position + len(token_ids))
     out["token_id"] = token_ids
+    return out
+
+
+def records(prompt: int, first_position: int, token_ids: list[int],
+            logprobs: np.ndarray) -> bytes:
+    """Consecutive positions of one prompt; `logprobs` [positions, vocabulary] by token id."""
+    out = empty_records(prompt, first_position, token_ids, logprobs.shape[1])
     out["logprobs"] = logprobs
     return out.tobytes()
 
@@ -57,13 +64,6 @@ def records(prompt: int, first_position: int, token_ids: list[int],
 def first_position(prompt: int, token_id: int, vocab_size: int) -> bytes:
     """Position 0: its token, and NaN where no distribution predicted it."""
     return records(prompt, 0, [token_id], np.full((1, vocab_size), np.nan, np.float32))
-
-
-def by_token_id(rows: FullVocabRows) -> np.ndarray:
-    """Rows sorted by logprob, back in token-id order."""
-    logprobs = np.empty_like(rows.logprobs)
-    np.put_along_axis(logprobs, rows.token_ids.astype(np.intp), rows.logprobs, axis=1)
-    return logprobs
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,11 @@ def body_parts(prompts: list[list[int]], results: list[EngineResult],
             chunks.append(NpyChunk(rows, index, start, token_ids[start:start + size]))
             start += size
         yield chunks
+
+
+def chunk_records(chunk: NpyChunk, rows: FullVocabRows) -> bytes:
+    """The chunk's records: its rows, sorted by logprob, scattered back into token-id order
+    straight into the records."""
+    out = empty_records(chunk.prompt, chunk.first_position, chunk.token_ids, rows.logprobs.shape[1])
+    np.put_along_axis(out["logprobs"], rows.token_ids.astype(np.intp), rows.logprobs, axis=1)
+    return out.tobytes()

@@ -44,6 +44,4 @@ class SerializerPool:
     async def write_npy(self, chunk: NpyChunk) -> bytes:
         """The chunk's `.npy` records (serve_app.npy)."""
         rows = await chunk.rows
-        return await asyncio.to_thread(
-            lambda: npy.records(chunk.prompt, chunk.first_position, chunk.token_ids,
-                                npy.by_token_id(rows)))
+        return await asyncio.to_thread(npy.chunk_records, chunk, rows)

@@ -36,7 +36,7 @@ def test_rows_go_back_to_token_order():
                             full_vocab_parts(distributions[: len(p) - 1], p, k=0, chunk_positions=2))
                for p in prompts]
     parts = list(npy.body_parts(prompts, results, 6))
-    written = [npy.records(c.prompt, c.first_position, c.token_ids, npy.by_token_id(c.rows))
+    written = [npy.chunk_records(c, c.rows)
                if isinstance(c, npy.NpyChunk) else c
                for part in parts for c in ([part] if isinstance(part, bytes) else part)]
     loaded = np.load(io.BytesIO(b"".join(written)))
