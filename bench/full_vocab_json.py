@@ -2,7 +2,8 @@
 what a serializer-pool worker does (write, then deflate) against deflate alone, same process.
 
 The per-entry baseline is what an OpenAI server does with vLLM's objects: one dict per entry,
-then orjson. Both write the same `prompt_logprobs` array from the same sorted rows. Deflate
+then orjson. Both write the same `prompt_logprobs` array; the writer sorts each chunk itself (the
+engine returns rows in token-id order), the per-entry path starts from sorted rows. Deflate
 alone (ISA-L level 1, the pool's, and zlib level 1 beside it) on the same JSON bytes is the
 limit a worker's rate is measured against.
 
@@ -19,24 +20,24 @@ import orjson
 
 from serve_app.compression import deflate_part
 from serve_app.full_vocab import EntryFragments, chunk_json
-from serve_app.scoring import FullVocabRows
+from serve_app.scoring import FullVocabRows, RankedRows
 
 CHUNK_POSITIONS = 16  # the pool's default
 
 
-def sorted_rows(positions: int, vocab: int) -> FullVocabRows:
+def engine_rows(positions: int, vocab: int) -> FullVocabRows:
+    """Rows in token-id order, as probserve's engine returns them."""
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, (positions, vocab)).astype(np.float32)
     logprobs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    order = np.argsort(-logprobs, axis=1).astype(np.int32)
     first = np.zeros(positions, np.int64)  # the prompt tokens' own values: unused by writers
-    return FullVocabRows(order, np.take_along_axis(logprobs, order, axis=1), first.astype(np.float32),
-                         first)
+    return FullVocabRows(logprobs, first.astype(np.float32), first)
 
 
-def per_entry(rows: FullVocabRows, tokens: list[str]) -> bytes:
+def per_entry(ranked: RankedRows, tokens: list[str]) -> bytes:
+    """From rows already sorted, as vLLM's engine hands them to its server."""
     positions = [None]
-    for token_ids, logprobs in zip(rows.token_ids.tolist(), rows.logprobs.tolist()):
+    for token_ids, logprobs in zip(ranked.token_ids.tolist(), ranked.logprobs.tolist()):
         positions.append({str(t): {"logprob": lp, "rank": r, "decoded_token": tokens[t]}
                           for r, (t, lp) in enumerate(zip(token_ids, logprobs), start=1)})
     return orjson.dumps(positions)
@@ -44,7 +45,7 @@ def per_entry(rows: FullVocabRows, tokens: list[str]) -> bytes:
 
 def chunks(rows: FullVocabRows) -> list[FullVocabRows]:
     return [rows.positions(start, start + CHUNK_POSITIONS)
-            for start in range(0, len(rows.token_ids), CHUNK_POSITIONS)]
+            for start in range(0, len(rows.logprobs), CHUNK_POSITIONS)]
 
 
 def vectorized(rows: FullVocabRows, fragments: EntryFragments) -> int:
@@ -71,13 +72,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--repeats", type=int, default=5)
     options = parser.parse_args()
-    rows = sorted_rows(options.positions, options.vocab)
+    rows = engine_rows(options.positions, options.vocab)
+    ranked = rows.ranked()
     tokens = [f"tok{i}" for i in range(options.vocab)]
     fragments = EntryFragments(tokens)
     texts = [chunk_json(chunk, fragments) for chunk in chunks(rows)]
     mb = sum(map(len, texts)) / 1e6
     runs = {
-        "per-entry dicts + orjson": lambda: per_entry(rows, tokens),
+        "per-entry dicts + orjson": lambda: per_entry(ranked, tokens),
         "vectorized writer": lambda: vectorized(rows, fragments),
         "ISA-L deflate alone, level 1": lambda: [deflate_part(text) for text in texts],
         "zlib deflate alone, level 1": lambda: [zlib.compress(text, 1) for text in texts],

@@ -3,15 +3,16 @@ to JSON a position at a time without a Python object per entry.
 
 A position's JSON is `{"<id>": {"logprob": <lp>, "rank": <r>, "decoded_token": "<text>"}, ...}`
 in rank order. Everything but the logprob text depends only on the token or the rank, so it is
-prepared once per model as byte tables; orjson writes the logprobs' text, and a compiled loop
-(numba) copies each entry's four pieces into the output.
+prepared once per model as byte tables; each row is sorted (the engine returns it in token-id
+order), orjson writes its logprobs' text, and a compiled loop (numba) copies each entry's four
+pieces into the output.
 """
 
 import numba
 import numpy as np
 import orjson
 
-from serve_app.scoring import NEG_INF_LOGPROB, FullVocabRows
+from serve_app.scoring import NEG_INF_LOGPROB, FullVocabRows, RankedRows
 
 # Byte offsets fit 32 bits (a position is a few MB, the tables tens).
 OFFSET = np.int32
@@ -77,25 +78,25 @@ def write_position(out, at, token_ids, texts, text_starts, text_lengths, buffer,
     return at
 
 
-def positions_json(token_ids: np.ndarray, logprobs: np.ndarray,
-                   fragments: EntryFragments) -> np.ndarray:
+def positions_json(ranked: RankedRows, fragments: EntryFragments) -> np.ndarray:
     """`,{...},{...}` (uint8): rows of token ids by rank and their logprobs."""
-    texts = [logprob_texts(row) for row in logprobs]
+    texts = [logprob_texts(row) for row in ranked.logprobs]
     # Each row names each token and each rank at most once: the tables bound its size.
     out = np.empty(sum(2 + len(fragments.buffer) + len(text) for text, _, _ in texts), np.uint8)
     at = 0
-    for row, (text, starts, lengths) in zip(token_ids, texts):
+    for row, (text, starts, lengths) in zip(ranked.token_ids, texts):
         at = write_position(out, at, row, text, starts, lengths, fragments.buffer, *fragments.tables)
     return out[:at]
 
 
-def position_json(token_ids: np.ndarray, logprobs: np.ndarray, fragments: EntryFragments) -> bytes:
-    """One position's `{...}` in rank order."""
-    return positions_json(token_ids[None], logprobs[None], fragments)[1:].tobytes()
+def position_json(logprobs: np.ndarray, fragments: EntryFragments) -> bytes:
+    """One position's `{...}` in rank order, from its logprobs in token-id order."""
+    return chunk_json(FullVocabRows(logprobs[None], logprobs[:1], np.ones(1, np.int64)),
+                      fragments)[1:].tobytes()
 
 
 def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> np.ndarray:
     """A chunk of positions as it sits in the `prompt_logprobs` array: `,{...},{...}` (uint8,
     for deflate to read in place); the array is `[null` followed by its chunks in order,
     then `]`."""
-    return positions_json(rows.token_ids, rows.logprobs, fragments)
+    return positions_json(rows.ranked(), fragments)

@@ -43,20 +43,13 @@ def header(dtype: np.dtype, records: int) -> bytes:
     return MAGIC + len(text).to_bytes(2, "little") + text
 
 
-def empty_records(prompt: int, first_position: int, token_ids: list[int],
-                  vocab_size: int) -> np.ndarray:
-    """Consecutive positions of one prompt, their logprobs still to be written."""
-    out = np.empty(len(token_ids), record_dtype(vocab_size))
-    out["prompt"] = prompt
-    out["position"] = np.arange(first_position, first_position + len(token_ids))
-    out["token_id"] = token_ids
-    return out
-
-
 def records(prompt: int, first_position: int, token_ids: list[int],
             logprobs: np.ndarray) -> bytes:
     """Consecutive positions of one prompt; `logprobs` [positions, vocabulary] by token id."""
-    out = empty_records(prompt, first_position, token_ids, logprobs.shape[1])
+    out = np.empty(len(token_ids), record_dtype(logprobs.shape[1]))
+    out["prompt"] = prompt
+    out["position"] = np.arange(first_position, first_position + len(token_ids))
+    out["token_id"] = token_ids
     out["logprobs"] = logprobs
     return out.tobytes()
 
@@ -90,8 +83,5 @@ def body_parts(prompts: list[list[int]], results: list[EngineResult],
 
 
 def chunk_records(chunk: NpyChunk, rows: FullVocabRows) -> bytes:
-    """The chunk's records: its rows, sorted by logprob, scattered back into token-id order
-    straight into the records."""
-    out = empty_records(chunk.prompt, chunk.first_position, chunk.token_ids, rows.logprobs.shape[1])
-    np.put_along_axis(out["logprobs"], rows.token_ids.astype(np.intp), rows.logprobs, axis=1)
-    return out.tobytes()
+    """The chunk's records: its rows are already in token-id order."""
+    return records(chunk.prompt, chunk.first_position, chunk.token_ids, rows.logprobs)

@@ -26,8 +26,7 @@ class SerializerPool:
         # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
         # cache: pay it before serving.
         fragments = next(iter(self.fragments.values()))
-        position_json(np.arange(fragments.vocab_size), np.zeros(fragments.vocab_size, np.float32),
-                      fragments)
+        position_json(np.zeros(fragments.vocab_size, np.float32), fragments)
 
     async def write(self, model: str, chunk: list, gzip: bool):
         """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.

@@ -21,7 +21,7 @@ from serve_app.scoring import (
     PositionLogprobs,
     token_array,
 )
-from serve_app.vllm_plugin import PROMPT_LABELS, keep_full_vocab_as_arrays, register
+from serve_app.vllm_plugin import FULL_VOCAB, PROMPT_LABELS, keep_full_vocab_as_arrays, register
 
 WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
                          logprobs=1, prompt_logprobs=k) for k in (1, -1)]
@@ -56,10 +56,12 @@ def engine_args(model: ModelConfig):
 
 def label_params(request: EngineRequest) -> dict:
     """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
-    plugin (serve_app.vllm_plugin) at prompt positions."""
+    plugin (serve_app.vllm_plugin) at prompt positions; the full vocabulary in token-id order."""
     labels = request.logprob_token_ids
     if not labels:
-        return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs}
+        full_vocab = request.prompt_logprobs == -1
+        return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs,
+                "extra_args": {FULL_VOCAB: True} if full_vocab else None}
     prompt = request.prompt_logprobs is not None
     return {
         "logprobs": None,  # vLLM: the labels' count stands for it

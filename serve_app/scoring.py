@@ -72,28 +72,24 @@ class PositionLogprobs:
         return self.token_ids[first:last], self.logprobs[first:last], self.ranks[first:last]
 
 
+def concatenated(first, later):
+    """Two dataclasses of arrays, each field's rows followed by the later's."""
+    return type(first)(*(np.concatenate([getattr(first, f.name), getattr(later, f.name)])
+                         for f in fields(first)))
+
+
 @dataclass(frozen=True)
-class FullVocabRows:
-    """Row r is the distribution that predicted prompt token r + 1, sorted by logprob:
-    `token_ids[r, j]` is the token of rank j + 1. The prompt token's own logprob and rank
-    come with the rows (as vLLM computes them), so no row is searched for it."""
+class RankedRows:
+    """The first columns of full-vocabulary rows by rank: `token_ids[r, j]` is the token of rank
+    j + 1 in row r; with the prompt tokens' own logprobs and ranks."""
 
-    token_ids: np.ndarray  # int32 [prompt tokens - 1, vocab]
-    logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
-    actual_logprobs: np.ndarray  # float32 [prompt tokens - 1]
-    actual_ranks: np.ndarray  # int64 [prompt tokens - 1]
+    token_ids: np.ndarray  # int32 [positions, columns]
+    logprobs: np.ndarray  # float32 [positions, columns]
+    actual_logprobs: np.ndarray  # float32 [positions]
+    actual_ranks: np.ndarray  # int64 [positions]
 
-    def followed_by(self, later: "FullVocabRows") -> "FullVocabRows":
-        return FullVocabRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
-                               for f in fields(self)))
-
-    def positions(self, start: int, stop: int) -> "FullVocabRows":
-        return FullVocabRows(*(getattr(self, f.name)[start:stop] for f in fields(self)))
-
-    def first_columns(self, k: int) -> "FullVocabRows":
-        """The top k of each row, with the prompt tokens' own logprobs and ranks."""
-        return FullVocabRows(self.token_ids[:, :k].copy(), self.logprobs[:, :k].copy(),
-                             self.actual_logprobs, self.actual_ranks)
+    def followed_by(self, later: "RankedRows") -> "RankedRows":
+        return concatenated(self, later)
 
     def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
         """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
@@ -110,23 +106,52 @@ class FullVocabRows:
 
 
 @dataclass(frozen=True)
+class FullVocabRows:
+    """Row r is the distribution that predicted prompt token r + 1, in token-id order, as the
+    engine computes it (no sort there: the `.npy` form wants this order, and the JSON writer
+    sorts a chunk where it writes it). The prompt token's own logprob and rank come with the
+    rows (as vLLM computes them), so no row is searched for it."""
+
+    logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
+    actual_logprobs: np.ndarray  # float32 [prompt tokens - 1]
+    actual_ranks: np.ndarray  # int64 [prompt tokens - 1]
+
+    def positions(self, start: int, stop: int) -> "FullVocabRows":
+        return FullVocabRows(*(getattr(self, f.name)[start:stop] for f in fields(self)))
+
+    def ranked(self, k: int | None = None) -> RankedRows:
+        """The top k of each row (all of it when None), by descending logprob; ties in any
+        order, as the engine's own top-k leaves them."""
+        if k == 0:
+            order = np.empty((len(self.logprobs), 0), np.intp)
+        elif k is None or k >= self.logprobs.shape[1]:
+            order = np.argsort(-self.logprobs, axis=1)
+        else:
+            negated = -self.logprobs
+            top = np.argpartition(negated, k, axis=1)[:, :k]
+            order = np.take_along_axis(top, np.argsort(np.take_along_axis(negated, top, 1), 1), 1)
+        return RankedRows(order.astype(np.int32), np.take_along_axis(self.logprobs, order, axis=1),
+                          self.actual_logprobs, self.actual_ranks)
+
+
+@dataclass(frozen=True)
 class FullVocabParts:
     """prompt_logprobs -1 as a replica returns it: the rows in chunks of a few positions, each
     stored apart (`store` puts it in Ray's object store: the matrix never travels as one
-    object, and the serializer pool fetches each chunk where it writes it), and the first k
-    columns of every row, for the top-k view of the same positions (echo)."""
+    object, and the serializer pool fetches each chunk where it writes it), and the top k of
+    every row, for the top-k view of the same positions (echo)."""
 
     chunks: list  # what `store` returned for each chunk, in position order
     sizes: list[int]  # the positions in each
-    top_k: FullVocabRows
+    top_k: RankedRows
 
     @classmethod
     def split(cls, rows: FullVocabRows, k: int, chunk_positions: int,
               store: Callable[[FullVocabRows], object]) -> "FullVocabParts":
-        starts = range(0, len(rows.token_ids), chunk_positions)
+        starts = range(0, len(rows.logprobs), chunk_positions)
         chunks = [rows.positions(start, start + chunk_positions) for start in starts]
-        return cls([store(chunk) for chunk in chunks], [len(chunk.token_ids) for chunk in chunks],
-                   rows.first_columns(k))
+        return cls([store(chunk) for chunk in chunks], [len(chunk.logprobs) for chunk in chunks],
+                   rows.ranked(k))
 
     def followed_by(self, later: "FullVocabParts") -> "FullVocabParts":
         return FullVocabParts(self.chunks + later.chunks, self.sizes + later.sizes,

@@ -9,10 +9,12 @@
    the worker itself, so this is a vLLM general plugin (entry point `vllm.general_plugins`),
    which every vLLM process of the environment loads; it changes nothing for a request
    without the key, so vLLM's own server beside it is unaffected.
-2. The full vocabulary (prompt_logprobs -1), in the replica's own process only (it would break
-   vLLM's server, which expects its per-entry objects): keep the engine core's sorted
-   [positions, vocab] tensors as arrays, stored away in chunks of positions as each prefill
-   step delivers them; vLLM's LogprobsProcessor would decode and box every entry (millions).
+2. The full vocabulary (prompt_logprobs -1) asked with `extra_args[FULL_VOCAB] = True`: in the
+   worker, the rows are gathered in token-id order instead of sorted (vLLM's top-k of the
+   whole vocabulary, 1.6 s for 1,024 positions on two cores, before anything can be sent);
+   in the replica's own process only (it would break vLLM's server, which expects its
+   per-entry objects), the [positions, vocab] tensors are kept as arrays, stored away in
+   chunks of positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
 """
 
 from collections.abc import Callable
@@ -22,11 +24,12 @@ import numpy as np
 from serve_app.scoring import FullVocabParts, FullVocabRows
 
 PROMPT_LABELS = "probserve_prompt_label_ids"
+FULL_VOCAB = "probserve_full_vocab_in_token_order"
 
 
 def register() -> None:
     """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
-    gather_prompt_labels()
+    gather_marked_prompt_rows()
 
 
 def patched(owner, name: str, replacement) -> None:
@@ -45,9 +48,8 @@ def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_po
     def update_prompt_logprobs(self, tensors) -> None:
         if self.num_prompt_logprobs != -1:
             return per_entry(self, tensors)
-        token_ids, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by rank
-        rows = FullVocabRows(token_ids[:, 1:].numpy().astype(np.int32), logprobs[:, 1:].numpy(),
-                             logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
+        _, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by token id
+        rows = FullVocabRows(logprobs[:, 1:].numpy(), logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
         parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions, store)
         if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
             parts = self.prompt_logprobs.followed_by(parts)
@@ -66,7 +68,12 @@ class LabelCount(int):
         return count
 
 
-def gather_prompt_labels() -> None:
+class FullVocabCount(int):
+    """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather."""
+
+
+def gather_marked_prompt_rows() -> None:
+    """Labelled and full-vocabulary prompt rows, gathered as marked (items 1 and 2)."""
     import torch
     from vllm.v1.outputs import LogprobsTensors
     from vllm.v1.sample.sampler import Sampler
@@ -74,23 +81,36 @@ def gather_prompt_labels() -> None:
 
     update_states, gather_top_k = GPUModelRunner._update_states, Sampler.gather_logprobs
 
-    def update_states_with_labels(self, scheduler_output):
+    def marked_count(count: int, extra_args: dict) -> int:
+        if extra_args.get(PROMPT_LABELS):
+            return LabelCount(extra_args[PROMPT_LABELS])
+        return FullVocabCount(count) if extra_args.get(FULL_VOCAB) else count
+
+    def update_states_marking_counts(self, scheduler_output):
         result = update_states(self, scheduler_output)
         for new in scheduler_output.scheduled_new_reqs:
-            labels = ((new.sampling_params and new.sampling_params.extra_args) or {}).get(PROMPT_LABELS)
-            if labels and new.req_id in self.num_prompt_logprobs:
-                self.num_prompt_logprobs[new.req_id] = LabelCount(labels)
+            extra_args = (new.sampling_params and new.sampling_params.extra_args) or {}
+            if new.req_id in self.num_prompt_logprobs:
+                count = self.num_prompt_logprobs[new.req_id]
+                self.num_prompt_logprobs[new.req_id] = marked_count(count, extra_args)
         return result
 
-    def gather_labels_or_top_k(logprobs, num_logprobs, token_ids):
-        if not isinstance(num_logprobs, LabelCount):
-            return gather_top_k(logprobs, num_logprobs, token_ids)
-        actual = gather_top_k(logprobs, 0, token_ids)  # the prompt token and its true rank
-        labels = torch.tensor(num_logprobs.label_ids, device=logprobs.device).expand(len(token_ids), -1)
-        return LogprobsTensors(
-            torch.cat([actual.logprob_token_ids, labels.to(torch.int32)], dim=1),
-            torch.cat([actual.logprobs, logprobs.gather(-1, labels)], dim=1),
-            actual.selected_token_ranks)
+    def after_actual(logprobs, token_ids, columns_ids, columns):
+        """The prompt token with its true rank, then the given columns."""
+        actual = gather_top_k(logprobs, 0, token_ids)
+        return LogprobsTensors(torch.cat([actual.logprob_token_ids, columns_ids.to(torch.int32)], dim=1),
+                               torch.cat([actual.logprobs, columns], dim=1),
+                               actual.selected_token_ranks)
 
-    patched(GPUModelRunner, "_update_states", update_states_with_labels)
-    patched(Sampler, "gather_logprobs", staticmethod(gather_labels_or_top_k))
+    def gather_marked(logprobs, num_logprobs, token_ids):
+        rows = (len(token_ids), -1)
+        if isinstance(num_logprobs, LabelCount):
+            labels = torch.tensor(num_logprobs.label_ids, device=logprobs.device).expand(*rows)
+            return after_actual(logprobs, token_ids, labels, logprobs.gather(-1, labels))
+        if isinstance(num_logprobs, FullVocabCount):
+            every_id = torch.arange(logprobs.shape[-1], device=logprobs.device).expand(*rows)
+            return after_actual(logprobs, token_ids, every_id, logprobs)
+        return gather_top_k(logprobs, num_logprobs, token_ids)
+
+    patched(GPUModelRunner, "_update_states", update_states_marking_counts)
+    patched(Sampler, "gather_logprobs", staticmethod(gather_marked))

@@ -36,13 +36,12 @@ def positions(*rows) -> PositionLogprobs:
 
 def full_vocab_rows(distributions: np.ndarray, prompt_token_ids: list[int]) -> FullVocabRows:
     """What the engine returns for prompt_logprobs -1: row r is the distribution that predicted
-    prompt token r + 1 (`distributions[r]`, in token order), sorted by logprob."""
-    order = np.argsort(-distributions, axis=1, kind="stable")
+    prompt token r + 1 (`distributions[r]`, in token order)."""
     actual = np.asarray(prompt_token_ids[1:], np.int64)
-    rows = np.arange(len(distributions))
-    ranks = np.argmax(order == actual[:, None], axis=1) + 1
-    return FullVocabRows(order.astype(np.int32), np.take_along_axis(distributions, order, axis=1),
-                         distributions[rows, actual].astype(np.float32), ranks.astype(np.int64))
+    actual_logprobs = distributions[np.arange(len(distributions)), actual]
+    ranks = (distributions > actual_logprobs[:, None]).sum(axis=1) + 1
+    return FullVocabRows(distributions.astype(np.float32), actual_logprobs.astype(np.float32),
+                         ranks.astype(np.int64))
 
 
 def full_vocab_parts(distributions: np.ndarray, prompt_token_ids: list[int], k: int,

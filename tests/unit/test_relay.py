@@ -10,13 +10,13 @@ import pytest
 from serve_app.compression import deflate_part
 from serve_app.full_vocab import EntryFragments, chunk_json
 from serve_app.relay import full_vocab_body, in_order
-from tests.unit.test_full_vocab import TOKENS, sorted_rows
+from tests.unit.test_full_vocab import TOKENS, rows_of
 
 
 def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> bytes:
     """The body as the ingress sends it, each chunk written in a task of its own."""
     async def write(rows):
-        await asyncio.sleep(0.001 * (len(rows.token_ids) % 3))  # finish out of order
+        await asyncio.sleep(0.001 * (len(rows.logprobs) % 3))  # finish out of order
         text = chunk_json(rows, fragments)
         return deflate_part(text) if gzip else text.tobytes()
 
@@ -29,14 +29,14 @@ def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> by
 
 
 def test_gzip_and_plain_bodies_are_the_same_json():
-    rows = sorted_rows(3, 7)
+    rows = rows_of(3, 7)
     parts = [b'{"a":[null', [rows.positions(i, i + 2) for i in range(0, 7, 2)], b"]}"]
     fragments = EntryFragments(TOKENS)
     plain = relayed(parts, fragments, gzip=False)
     assert gzip.decompress(relayed(parts, fragments, gzip=True)) == plain
     parsed = orjson.loads(plain)["a"]
     assert parsed[0] is None and len(parsed) == 8
-    assert [int(k) for k in parsed[7]] == rows.token_ids[6].tolist()
+    assert [int(k) for k in parsed[7]] == rows.ranked().token_ids[6].tolist()
 
 
 class Call:
