@@ -3,8 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 CONFIG ?= deployments/local.yaml
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv serve test unit prepare clean
+.PHONY: venv serve test unit prepare clean servers
 
 venv: $(STAMP)
 
@@ -23,7 +24,15 @@ serve: venv
 	$(VENV)/bin/probserve models prepare smollm2-135m-instruct
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
-test: venv
+# The servers the tests run for real (each test session starts and stops its own):
+# Prometheus (and promtool) from Debian's packages.
+servers:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "== installing Debian's prometheus package"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; }
+
+test: venv servers
 	$(VENV)/bin/ruff check serve_app tests bench
 	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
 	$(PY) -m pytest tests

@@ -37,9 +37,9 @@ def command_serve(options: argparse.Namespace) -> None:
     host = options.host or http.get("host", "127.0.0.1")
     port = options.port or http.get("port", 8000)
     started = time.monotonic()
-    url = local.start(args, host=host, port=port)
-    print(f"probserve is serving at {url} (ready in {time.monotonic() - started:.0f} s); "
-          "Ctrl-C stops it", flush=True)
+    url = local.start(args, host=host, port=port, metrics_port=options.metrics_port)
+    print(f"probserve is serving at {url} (ready in {time.monotonic() - started:.0f} s), "
+          f"metrics at http://{host}:{options.metrics_port}/metrics; Ctrl-C stops it", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
+    serve.add_argument("--metrics-port", type=int, default=local.METRICS_PORT,
+                       help="Ray's metrics export port, where Prometheus scrapes every process's "
+                            "metrics (default %(default)s)")
     serve.set_defaults(run=command_serve)
     return root
 

@@ -169,6 +169,11 @@ def response_object(response_id: str, object_name: str, model: str, choices: lis
             "choices": choices, "usage": counts}
 
 
+def completion_tokens(results: list[EngineResult], n: int) -> int:
+    """Generated tokens as a response counts them: every choice's."""
+    return sum(len(c.token_ids) for result in results for c in choice_completions(result, n))
+
+
 def usage(prompts: list[PromptInput], per_prompt: list[list[Completion]]) -> dict:
     """Each prompt once, every generated token of every choice."""
     return usage_counts(sum(len(p.token_ids) for p in prompts),

@@ -100,6 +100,8 @@ class IngressConfig(Strict):
     max_full_vocab_waiting: int = Field(16, ge=0)
     # Retry-After (seconds) on a 503 `overloaded`.
     retry_after_s: int = Field(1, ge=0)
+    # How long /health waits for a model's health check before it calls the model not ready.
+    readiness_timeout_s: float = Field(5, gt=0)
     # Requests one ingress replica works on at once. It only parses, tokenizes and awaits
     # replicas, so it takes hundreds; Ray Serve's default (5) made the proxy queue the rest.
     max_ongoing_requests: int = Field(512, ge=1)

@@ -4,6 +4,8 @@ Nothing invalid reaches a model replica: every check runs here, before any repli
 """
 
 import asyncio
+import dataclasses
+import functools
 import logging
 import time
 import weakref
@@ -23,6 +25,7 @@ from serve_app import admission, chat, completions, npy, tokenizer
 from serve_app.compression import accepts_gzip
 from serve_app.config import AppConfig, Capabilities, ModelConfig
 from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
+from serve_app.metrics import HeldGauge, IngressMetrics
 from serve_app.openapi import install_openapi
 from serve_app.protocol import (
     DETOKENIZE_RULES,
@@ -36,6 +39,7 @@ from serve_app.protocol import (
 )
 from serve_app.relay import full_vocab_body
 from serve_app.streaming import ChatStream, ChoiceStream, CompletionStream, event
+from serve_app.telemetry import ObservedRequests, RequestRecord, request_logger
 from serve_app.vocabulary import Vocabulary
 
 logger = logging.getLogger("probserve.ingress")
@@ -44,6 +48,31 @@ logger = logging.getLogger("probserve.ingress")
 app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible",
               docs_url=None, redoc_url=None)
 install_openapi(app)
+
+
+class RequestObserver:
+    """Each request into the ingress's metrics and the request log, both made on first use:
+    in the Ingress replica's process, whose metrics Ray exports and whose stderr it keeps."""
+
+    @functools.cached_property
+    def metrics(self) -> IngressMetrics:
+        return IngressMetrics()
+
+    @functools.cached_property
+    def log(self) -> logging.Logger:
+        return request_logger()
+
+    def started(self, record: RequestRecord) -> None:
+        self.metrics.started(record)
+
+    def finished(self, record: RequestRecord) -> None:
+        self.metrics.finished(record)
+        self.log.info(record.log_line().decode())
+
+
+observer = RequestObserver()
+# Before the Ingress class: Ray Serve freezes the app when it decorates the class.
+app.add_middleware(ObservedRequests, observer=observer)
 
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}
 
@@ -171,7 +200,9 @@ def check_form(request: Request, full_vocab: bool) -> None:
 async def generate_all(replica: DeploymentHandle, engine_requests: list) -> list:
     """Every prompt's engine request, sent at once: the replica batches them. If one fails
     (its queue is full), the others are cancelled, which aborts them in the engine."""
-    calls = [asyncio.ensure_future(replica.generate.remote(r)) for r in engine_requests]
+    sent_at = time.time()
+    calls = [asyncio.ensure_future(replica.generate.remote(dataclasses.replace(r, sent_at=sent_at)))
+             for r in engine_requests]
     try:
         return await asyncio.gather(*calls)
     except BaseException:
@@ -186,6 +217,23 @@ def stream_failure(error: Exception) -> dict:
         return error.envelope()
     logger.exception("stream failed", exc_info=error)
     return error_envelope(500, "internal_error", f"the stream failed: {error}")
+
+
+def record_of(request: Request) -> RequestRecord:
+    """What the request log and the metrics will say of this request (serve_app.telemetry)."""
+    return request.state.record
+
+
+def note_prompts(request: Request, prompts: list, scored_tokens: int = 0) -> None:
+    record = record_of(request)
+    record.prompt_tokens = sum(len(p.token_ids) for p in prompts)
+    record.scored_tokens = scored_tokens
+
+
+def note_results(record: RequestRecord, results: list, n: int) -> None:
+    record.generated_tokens = completions.completion_tokens(results, n)
+    waits = [r.queue_time_s for r in results if r.queue_time_s is not None]
+    record.queue_time_s = max(waits, default=None)
 
 
 def model_card(model: ModelConfig, created: int, vocab: Vocabulary) -> dict:
@@ -212,7 +260,7 @@ class Ingress:
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
         self.created = int(time.time())
         self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
-        self.full_vocab_waiting = 0
+        self.waiting = HeldGauge("probserve_full_vocab_waiting")
 
     def model(self, name: str) -> ModelConfig:
         model = self.config.model(name)
@@ -222,13 +270,34 @@ class Ingress:
                            f"this service has: {known}", "model")
         return model
 
-    @app.get("/health")
-    async def health(self) -> Response:
-        try:
-            await asyncio.gather(*(r.check_health.remote() for r in self.replicas.values()))
-        except Exception as error:  # any replica failure means not ready
-            raise not_ready(f"a model is not ready: {error}", self.config.ingress.retry_after_s) from None
+    @app.get("/livez")
+    async def live(self) -> Response:
+        """Liveness: this ingress replica answers. It asks no model: a model that is down must
+        not get the ingress restarted."""
         return json_response({"status": "ok"})
+
+    @app.get("/health")
+    async def health(self, model: str | None = None) -> Response:
+        """Readiness of every model, or of one (`?model=`): 200 when ready, else 503
+        `not_ready` naming the models that are not, with each model's state."""
+        names = [self.model(model).name] if model is not None else list(self.replicas)
+        states = dict(zip(names, await asyncio.gather(*map(self.readiness, names))))
+        if all(state == "ready" for state in states.values()):
+            return json_response({"status": "ok", "models": states})
+        down = ", ".join(name for name, state in states.items() if state != "ready")
+        error = not_ready(f"not ready: {down}", self.config.ingress.retry_after_s)
+        return json_response({**error.envelope(), "models": states}, error.status, error.headers)
+
+    async def readiness(self, name: str) -> str:
+        """"ready", or why not: the model's health check (its engine's) within the bound."""
+        try:
+            await asyncio.wait_for(self.replicas[name].check_health.remote(),
+                                   self.config.ingress.readiness_timeout_s)
+        except TimeoutError:
+            return f"no answer within {self.config.ingress.readiness_timeout_s} s"
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return "ready"
 
     @app.get("/v1/models")
     async def models(self) -> Response:
@@ -240,6 +309,8 @@ class Ingress:
         """The body parsed strictly, its model's config and vocabulary."""
         raw = await json_object(request, self.config.ingress.max_body_bytes)
         named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
+        if named:  # the request's model, even if the rest of it is refused
+            record_of(request).model = named.name
         body = parse_request(kind, raw, rules(named.capabilities if named else None))
         model = self.model(body.model)
         return body, model, self.vocabularies[model.name]
@@ -254,14 +325,17 @@ class Ingress:
         bias = admission.logit_bias(body, vocab.logits_size)
         prompts = admission.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
         admission.check_prompts(prompts, body, caps)
+        note_prompts(request, prompts, sum(admission.scored_prompt_tokens(body, len(p.token_ids))
+                                           for p in prompts))
         engine_requests = [admission.engine_request(p, body, caps, bias) for p in prompts]
         replica = self.replicas[model.name]
         if body.stream:
-            return await event_stream(self.events(replica, engine_requests,
+            return await event_stream(self.events(replica, engine_requests, record_of(request),
                                                   CompletionStream(model.name, body, prompts, vocab)))
         if body.prompt_logprobs == -1:
             return await self.full_vocab(request, body, model, prompts, engine_requests)
         results = await self.generate(model.name, engine_requests)
+        note_results(record_of(request), results, body.n)
         return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
 
     @app.post("/v1/chat/completions")
@@ -274,12 +348,14 @@ class Ingress:
         bias = admission.logit_bias(body, vocab.logits_size)
         prompt = admission.chat_prompt(body, vocab)
         admission.check_prompts([prompt], body, caps, "messages")
+        note_prompts(request, [prompt])
         engine_request = admission.engine_request(prompt, body, caps, bias)
         replica = self.replicas[model.name]
         if body.stream:
-            return await event_stream(self.events(replica, [engine_request],
+            return await event_stream(self.events(replica, [engine_request], record_of(request),
                                                   ChatStream(model.name, body, [prompt], vocab)))
         (result,) = await self.generate(model.name, [engine_request])
+        note_results(record_of(request), [result], body.n)
         return json_response(chat.chat_response(model.name, prompt, result, body, vocab))
 
     @app.post("/tokenize")
@@ -301,6 +377,7 @@ class Ingress:
         release = once(self.full_vocab_slots.release)
         try:
             results = await self.generate(model.name, engine_requests)
+            note_results(record_of(request), results, body.n)
             if npy.accepts_npy(request.headers.get("accept")):
                 return self.npy_body(model, prompts, results, release)
             response = completions.completion_response(
@@ -321,8 +398,10 @@ class Ingress:
         """The binary form: never gzip-encoded (float32 noise hardly compresses)."""
         parts = npy.body_parts([p.token_ids for p in prompts], results,
                                self.vocabularies[model.name].logits_size)
-        chunks = full_vocab_body(parts, self.serializers.write_npy.remote,
-                                 self.config.serializer_pool.window, gzip=False)
+
+        def write(chunk: npy.NpyChunk) -> DeploymentResponse:
+            return self.serializers.write_npy.remote(model.name, chunk)
+        chunks = full_vocab_body(parts, write, self.config.serializer_pool.window, gzip=False)
         return streaming_body(chunks, npy.MEDIA_TYPE, False, release)
 
     def refusal(self, error: Exception) -> Exception:
@@ -347,23 +426,26 @@ class Ingress:
         busy = overloaded(f"all {limits.max_full_vocab_requests} full-vocabulary slots of this "
                           f"replica are busy and {limits.max_full_vocab_waiting} requests wait for "
                           "one: retry later", limits.retry_after_s)
-        if self.full_vocab_slots.locked() and self.full_vocab_waiting >= limits.max_full_vocab_waiting:
+        if self.full_vocab_slots.locked() and self.waiting.value >= limits.max_full_vocab_waiting:
             raise busy
-        self.full_vocab_waiting += 1
+        self.waiting.change(1)
         try:
             await asyncio.wait_for(self.full_vocab_slots.acquire(), limits.full_vocab_wait_s)
         except TimeoutError:
             raise busy from None
         finally:
-            self.full_vocab_waiting -= 1
+            self.waiting.change(-1)
 
-    async def events(self, replica: DeploymentHandle, engine_requests: list,
+    async def events(self, replica: DeploymentHandle, engine_requests: list, record: RequestRecord,
                      stream: ChoiceStream) -> AsyncIterator[bytes]:
         """Every prompt's deltas as they come, merged into one event stream."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(prompt_index: int, engine_request) -> None:
-            async for delta in replica.options(stream=True).generate_stream.remote(engine_request):
+            sent = dataclasses.replace(engine_request, sent_at=time.time())
+            async for delta in replica.options(stream=True).generate_stream.remote(sent):
+                if delta.queue_time_s is not None:
+                    record.queue_time_s = max(record.queue_time_s or 0.0, delta.queue_time_s)
                 await queue.put((prompt_index, delta))
 
         tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(engine_requests)]
@@ -384,9 +466,13 @@ class Ingress:
             error = self.refusal(error)
             if not started:  # nothing sent: the client gets the HTTP error
                 raise error from None
-            yield event(stream_failure(error))
+            failure = stream_failure(error)
+            record.code = failure["error"]["code"]
+            yield event(failure)
         finally:
+            record.generated_tokens = stream.completion_tokens
             for task in tasks:
                 task.cancel()
         for chunk in stream.closing_events():
             yield chunk
+

@@ -11,6 +11,9 @@ from serve_app.home import apply_cache_environment
 from serve_app.models import BUILDERS, prepare
 
 APP_NAME = "probserve"
+METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
+# Ray Serve's HTTP proxy loads its extra middlewares from here (serve_app.telemetry).
+PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.telemetry:proxy_middlewares"}
 
 
 def logical_cpus(config: AppConfig) -> int:
@@ -33,11 +36,13 @@ def prepare_embedded_models(config: AppConfig) -> None:
             prepare(model.name)
 
 
-def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: bool = True) -> str:
+def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: bool = True,
+          metrics_port: int = METRICS_PORT) -> str:
     """Starts Ray, Serve and the app; returns the base URL once /health answers.
 
     Without log_to_driver, the replicas' logs stay in Ray's session folder under
-    PROBSERVE_HOME/ray instead of this process's output."""
+    PROBSERVE_HOME/ray instead of this process's output. Prometheus scrapes every process's
+    metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml)."""
     import ray
     from ray import serve
 
@@ -46,8 +51,10 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
     config = AppConfig.model_validate(args)
     home = apply_cache_environment()
     prepare_embedded_models(config)
+    os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
     ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
-             _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver)
+             _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
+             _metrics_export_port=metrics_port)
     serve.start(http_options={"host": host, "port": port})
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
     url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"

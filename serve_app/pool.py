@@ -6,6 +6,7 @@ replica), several at once for one response, and relays what comes back in order.
 """
 
 import asyncio
+from contextlib import contextmanager
 
 import numpy as np
 from ray import serve
@@ -14,6 +15,7 @@ from serve_app import npy
 from serve_app.compression import deflate_part
 from serve_app.config import AppConfig
 from serve_app.full_vocab import EntryFragments, chunk_json, position_json
+from serve_app.metrics import PoolMetrics
 from serve_app.npy import NpyChunk
 from serve_app.vocabulary import Vocabulary
 
@@ -21,6 +23,7 @@ from serve_app.vocabulary import Vocabulary
 @serve.deployment
 class SerializerPool:
     def __init__(self, config: AppConfig):
+        self.metrics = PoolMetrics()
         self.fragments = {model.name: EntryFragments(Vocabulary.load(model.resolved_path()).strings)
                           for model in config.models}
         # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
@@ -32,15 +35,29 @@ class SerializerPool:
         """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.
 
         `chunk` is a one-item list: Ray would fetch a bare reference into the caller."""
-        rows = await chunk[0]
-        return await asyncio.to_thread(self.encode, self.fragments[model], rows, gzip)
+        with self.holding():
+            rows = await chunk[0]
+            text = await asyncio.to_thread(chunk_json, rows, self.fragments[model])
+            if not gzip:
+                self.metrics.wrote(model, "json", len(rows.logprobs), len(text), len(text), "identity")
+                return text.tobytes()
+            part = await asyncio.to_thread(deflate_part, text)
+            self.metrics.wrote(model, "json", len(rows.logprobs), len(text), len(part.data), "gzip")
+            return part
 
-    @staticmethod
-    def encode(fragments: EntryFragments, rows, gzip: bool):
-        text = chunk_json(rows, fragments)
-        return deflate_part(text) if gzip else text.tobytes()
-
-    async def write_npy(self, chunk: NpyChunk) -> bytes:
+    async def write_npy(self, model: str, chunk: NpyChunk) -> bytes:
         """The chunk's `.npy` records (serve_app.npy)."""
-        rows = await chunk.rows
-        return await asyncio.to_thread(npy.chunk_records, chunk, rows)
+        with self.holding():
+            rows = await chunk.rows
+            records = await asyncio.to_thread(npy.chunk_records, chunk, rows)
+            self.metrics.wrote(model, "npy", len(rows.logprobs), len(records), len(records), "identity")
+            return records
+
+    @contextmanager
+    def holding(self):
+        """Counts the chunk among those this worker holds (its queue depth) while it does."""
+        self.metrics.in_progress.change(1)
+        try:
+            yield
+        finally:
+            self.metrics.in_progress.change(-1)

@@ -13,6 +13,7 @@ from ray import serve
 from serve_app.config import ModelConfig
 from serve_app.errors import EngineUnavailable
 from serve_app.home import apply_cache_environment
+from serve_app.metrics import EngineRequestStats, ReplicaMetrics
 from serve_app.scoring import (
     Completion,
     EngineRequest,
@@ -50,7 +51,7 @@ def engine_args(model: ModelConfig):
         max_num_batched_tokens=model.max_num_batched_tokens,
         enforce_eager=model.enforce_eager,
         gpu_memory_utilization=model.gpu_memory_utilization,
-        disable_log_stats=True,
+        disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
     )
 
 
@@ -98,7 +99,24 @@ def compact(flat) -> PositionLogprobs | None:
                                       flat.logprobs, flat.ranks)
 
 
-def engine_result(output) -> EngineResult:
+def queue_time(stats, sent_at: float | None) -> float | None:
+    """To reach the replica (wall clocks: the ingress's and this process's), then in the
+    engine's queue (the engine's own clock)."""
+    if stats is None or not stats.scheduled_ts or sent_at is None:
+        return None
+    return max(0.0, stats.arrival_time - sent_at) + max(0.0, stats.scheduled_ts - stats.queued_ts)
+
+
+def engine_stats(final, generated_tokens: int) -> EngineRequestStats:
+    stats = final.metrics
+    prefilled = stats is not None and stats.first_token_ts and stats.scheduled_ts
+    return EngineRequestStats(
+        prompt_tokens=len(final.prompt_token_ids), cached_tokens=final.num_cached_tokens or 0,
+        generated_tokens=generated_tokens,
+        prefill_time_s=stats.first_token_ts - stats.scheduled_ts if prefilled else None)
+
+
+def engine_result(output, sent_at: float | None) -> EngineResult:
     completions = [
         Completion(index=c.index, token_ids=token_array(c.token_ids), text=c.text,
                    finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
@@ -108,7 +126,8 @@ def engine_result(output) -> EngineResult:
     full_vocab = prompt if isinstance(prompt, FullVocabParts) else None
     return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
                         prompt_logprobs=None if full_vocab else compact(prompt),
-                        completions=completions, full_vocab=full_vocab)
+                        completions=completions, full_vocab=full_vocab,
+                        queue_time_s=queue_time(output.metrics, sent_at))
 
 
 @serve.deployment
@@ -117,12 +136,16 @@ class ModelReplica:
         """chunk_positions: full-vocabulary rows per object handed to the serializer pool."""
         prepare_process(model)
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
         register()
         keep_full_vocab_as_arrays(ray.put, chunk_positions)
         self.model = model
         self.requests_received = 0
-        self.engine = AsyncLLM.from_engine_args(engine_args(model))
+        self.metrics = ReplicaMetrics(model.name)
+        # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
+        self.engine = AsyncLLM.from_engine_args(engine_args(model),
+                                                stat_loggers=[RayPrometheusStatLogger])
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
         for request in WARM_UP:
             await self.generate(request)
@@ -144,24 +167,28 @@ class ModelReplica:
 
         self.requests_received += 1
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        final, generated = None, 0
         try:
             async for output in self.engine.generate(prompt, sampling_params(request, stream),
                                                      f"{self.model.name}-{uuid.uuid4().hex}"):
+                final = output
+                generated += sum(len(c.token_ids) for c in output.outputs)
                 yield output
         except EngineDeadError as error:
             raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
                                     "a new replica is being started") from None
+        self.metrics.served(engine_stats(final, generated))
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         final = None
         async for output in self.outputs(request, stream=False):
             final = output
-        return engine_result(final)
+        return engine_result(final, request.sent_at)
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
         async for output in self.outputs(request, stream=True):
-            yield engine_result(output)
+            yield engine_result(output, request.sent_at)
 
     def unfinished_requests(self) -> int:
         """Requests the engine holds (running or waiting): a client that leaves must not

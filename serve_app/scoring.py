@@ -34,6 +34,8 @@ class EngineRequest:
     prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
     # Labels: these ids' logprobs in place of the top-k, wherever logprobs are asked.
     logprob_token_ids: list[int] | None = None
+    # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
+    sent_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ class EngineResult:
     completions: list[Completion]
     # With prompt_logprobs -1: every token's logprob at every prompt position.
     full_vocab: FullVocabParts | None = None
+    # From the ingress sending the request to the engine scheduling it; None before that.
+    queue_time_s: float | None = None
 
     def prompt_positions(self, k: int) -> PositionLogprobs:
         """The prompt's top-k entries, from whichever form the engine returned."""

@@ -2,6 +2,7 @@
 per tokenizer family (the first is the one most tests use), and the embedded default model,
 on which the documentation's examples run as they are written."""
 
+import os
 import random
 import socket
 
@@ -10,6 +11,7 @@ import pytest
 
 from serve_app import local
 from serve_app.models import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from tests.e2e.prometheus import Prometheus
 from tests.e2e.reference import Reference
 
 MODEL = TINY
@@ -53,10 +55,26 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def base_url():
-    url = local.start(CONFIG, port=free_port(), log_to_driver=False)
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def base_url(metrics_port):
+    # Ray's processes report their metrics to the node's agent every second instead of ten,
+    # so that the metrics tests wait less for what they sent to show.
+    os.environ["RAY_metrics_report_interval_ms"] = "1000"
+    url = local.start(CONFIG, port=free_port(), log_to_driver=False, metrics_port=metrics_port)
     yield url
     local.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus(base_url, metrics_port, tmp_path_factory):
+    """A real Prometheus scraping the service (Debian's package, installed by `make test`)."""
+    server = Prometheus(f"127.0.0.1:{metrics_port}", tmp_path_factory.mktemp("prometheus"), free_port())
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,14 @@ def test_models_reports_the_capabilities_validation_enforces(http):
 
 
 def test_health(http):
-    assert http.get("/health").json() == {"status": "ok"}
+    answer = http.get("/health").json()
+    assert answer["status"] == "ok" and set(answer["models"].values()) == {"ready"}
+    assert MODEL in answer["models"]
+    assert http.get("/health", params={"model": MODEL}).json() == {"status": "ok",
+                                                                    "models": {MODEL: "ready"}}
+    unknown = http.get("/health", params={"model": "no-such-model"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert http.get("/livez").json() == {"status": "ok"}
 
 
 @pytest.mark.parametrize("form", ["string", "token ids"])

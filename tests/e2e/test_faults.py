@@ -1,6 +1,6 @@
-"""The vLLM engine killed mid-request: the request gets an enveloped 503, /health says the
-service is not ready, Ray Serve replaces the replica, and the model answers correctly again
-with nobody restarting anything."""
+"""The vLLM engine killed mid-request: the request gets an enveloped 503, /health says that
+model is not ready while the others stay ready and serving, Ray Serve replaces the replica,
+and the model answers correctly again with nobody restarting anything."""
 
 import signal
 import threading
@@ -12,7 +12,7 @@ from ray import serve
 
 from serve_app.app import model_deployment_name
 from serve_app.local import APP_NAME
-from tests.e2e.conftest import MAX_MODEL_LEN, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import MAX_MODEL_LEN, MODEL, SMALL_QUEUE_MODEL
 
 RECOVERY_LIMIT_S = 240
 
@@ -25,6 +25,18 @@ def engine_core() -> psutil.Process:
     (core,) = [process for process in map(psutil.Process, replica().engine_pids.remote().result())
                if "EngineCore" in " ".join(process.cmdline())]  # vLLM names it in its title
     return core
+
+
+def the_others_stay_ready_and_serving(http) -> None:
+    health = http.get("/health")
+    assert health.status_code == 503 and health.json()["error"]["code"] == "not_ready"
+    states = health.json()["models"]
+    assert states[SMALL_QUEUE_MODEL] != "ready" and states[MODEL] == "ready"
+    assert http.get("/health", params={"model": SMALL_QUEUE_MODEL}).status_code == 503
+    assert http.get("/health", params={"model": MODEL}).status_code == 200
+    assert http.get("/livez").status_code == 200
+    other = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+    assert other.status_code == 200, other.text
 
 
 def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
@@ -46,7 +58,7 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     response = in_flight["response"]
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "not_ready" and response.headers["retry-after"]
-    assert http.get("/health").status_code == 503
+    the_others_stay_ready_and_serving(http)
 
     while (answer := http.post("/v1/completions", json=greedy)).status_code != 200:
         assert answer.status_code == 503, answer.text  # enveloped, never a hang or a bare 5xx
