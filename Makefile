@@ -25,12 +25,12 @@ serve: venv
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
 # The servers the tests run for real (each test session starts and stops its own):
-# Prometheus (and promtool) from Debian's packages.
+# Prometheus (and promtool) and Redis, from Debian's packages.
 servers:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
-	  echo "== installing Debian's prometheus package"; \
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null || { \
+	  echo "== installing Debian's prometheus and redis-server packages"; \
 	  $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus redis-server; }
 
 test: venv servers
 	$(VENV)/bin/ruff check serve_app tests bench

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from serve_app import local
+from serve_app import local, tenancy
 from serve_app.models import BUILDERS, prepare
+from serve_app.tenancy import KeyFile
 
 
 def serve_config(path: Path) -> tuple[dict, dict]:
@@ -32,8 +33,44 @@ def command_prepare(options: argparse.Namespace) -> None:
         prepare(name)
 
 
+def key_files(options: argparse.Namespace) -> tuple[KeyFile, bytes]:
+    """The key file (empty if it does not exist yet) and the server secret (made, only readable
+    by its owner, if its file does not exist yet)."""
+    if not options.secret_file.exists():
+        options.secret_file.touch(mode=0o600)
+        options.secret_file.write_text(tenancy.new_secret() + "\n")
+        print(f"wrote a new server secret to {options.secret_file}: keep it apart from the key file")
+    keys = KeyFile.read(options.key_file) if options.key_file.exists() else KeyFile()
+    return keys, tenancy.read_secret(options.secret_file)
+
+
+def command_keys_create(options: argparse.Namespace) -> None:
+    keys, secret = key_files(options)
+    keys, key = tenancy.create_key(keys, options.tenant, secret)
+    keys.write(options.key_file)
+    print(f"key {keys.keys[-1].id} for tenant {options.tenant!r}, shown this once:\n{key}")
+
+
+def command_keys_list(options: argparse.Namespace) -> None:
+    keys = KeyFile.read(options.key_file)
+    for key in keys.keys:
+        print(f"{key.id}  {key.tenant}  {key.created.isoformat()}  {'revoked' if key.revoked else 'active'}")
+
+
+def command_keys_revoke(options: argparse.Namespace) -> None:
+    try:
+        tenancy.revoke_key(KeyFile.read(options.key_file), options.id).write(options.key_file)
+    except KeyError:
+        raise SystemExit(f"{options.key_file} has no key {options.id}") from None
+    print(f"key {options.id} revoked; running services stop taking it within their reload_s")
+
+
 def command_serve(options: argparse.Namespace) -> None:
     args, http = serve_config(options.config)
+    key_file = (args.get("tenancy") or {}).get("key_file")
+    print(f"API keys: from {key_file}" if key_file else
+          "API keys: none configured, every request is served without a key (tenancy.key_file "
+          "in the Serve config turns keys on)", flush=True)
     host = options.host or http.get("host", "127.0.0.1")
     port = options.port or http.get("port", 8000)
     started = time.monotonic()
@@ -67,6 +104,18 @@ def parser() -> argparse.ArgumentParser:
                        help="Ray's metrics export port, where Prometheus scrapes every process's "
                             "metrics (default %(default)s)")
     serve.set_defaults(run=command_serve)
+
+    keys = commands.add_parser("keys", help="API keys (docs/tenancy.md)").add_subparsers(
+        dest="action", required=True)
+    for name, run, help_text in [("create", command_keys_create, "make a key for a tenant; prints it once"),
+                                 ("list", command_keys_list, "the keys: id, tenant, created, state"),
+                                 ("revoke", command_keys_revoke, "revoke a key by its id")]:
+        action = keys.add_parser(name, help=help_text)
+        action.add_argument("--key-file", type=Path, required=True)
+        action.set_defaults(run=run)
+    keys.choices["create"].add_argument("--tenant", required=True)
+    keys.choices["create"].add_argument("--secret-file", type=Path, required=True)
+    keys.choices["revoke"].add_argument("id")
     return root
 
 

@@ -5,7 +5,7 @@ ingress enforces them.
 """
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from ray.serve.config import AutoscalingConfig
@@ -125,10 +125,40 @@ class SerializerPoolConfig(Strict):
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
 
 
+class TenancyConfig(Strict):
+    """API keys and per-tenant limits (serve_app.tenancy, docs/tenancy.md)."""
+
+    # The tenants and their keys' hashes (`probserve keys create` writes it); without it every
+    # request is served without a key.
+    key_file: str | None = None
+    # The server secret the key hashes are keyed with (at least 32 bytes), kept apart from the
+    # key file.
+    secret_file: str | None = None
+    # A production configuration says so: it is refused without a key file.
+    require_keys: bool = False
+    # How often the key file is checked for changes (keys added or revoked without a restart).
+    reload_s: float = Field(5, gt=0)
+    # Where request and token rates (and usage) are counted: memory:// holds for one ingress
+    # replica, redis://host:port/db across all of them.
+    storage: str = Field("memory://", pattern=r"^(memory://|redis://\S+)$")
+    # When that storage cannot be reached: "open" serves uncounted, "closed" answers 503
+    # `rate_limit_unavailable`. Either way it is logged.
+    on_storage_failure: Literal["open", "closed"] = "closed"
+
+    @model_validator(mode="after")
+    def keys_where_required(self) -> "TenancyConfig":
+        if self.require_keys and not self.key_file:
+            raise ValueError("tenancy.require_keys is set: name the tenancy.key_file")
+        if bool(self.key_file) != bool(self.secret_file):
+            raise ValueError("tenancy.key_file and tenancy.secret_file go together")
+        return self
+
+
 class AppConfig(Strict):
     models: list[ModelConfig] = Field(min_length=1)
     ingress: IngressConfig = IngressConfig()
     serializer_pool: SerializerPoolConfig = SerializerPoolConfig()
+    tenancy: TenancyConfig = TenancyConfig()
 
     @model_validator(mode="after")
     def unique_names(self) -> "AppConfig":

@@ -4,10 +4,12 @@ from http import HTTPStatus
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable_error",
 }
 

@@ -22,6 +22,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException
 
 from serve_app import admission, chat, completions, npy, tokenizer
+from serve_app.access import Access
 from serve_app.compression import accepts_gzip
 from serve_app.config import AppConfig, Capabilities, ModelConfig
 from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
@@ -40,6 +41,8 @@ from serve_app.protocol import (
 from serve_app.relay import full_vocab_body
 from serve_app.streaming import ChatStream, ChoiceStream, CompletionStream, event
 from serve_app.telemetry import ObservedRequests, RequestRecord, request_logger
+from serve_app.tenancy import UNLIMITED, Tenant
+from serve_app.usage import usage_body
 from serve_app.vocabulary import Vocabulary
 
 logger = logging.getLogger("probserve.ingress")
@@ -158,12 +161,14 @@ def once(action: Callable[[], None]) -> Callable[[], None]:
     return run
 
 
-async def released_after(chunks: AsyncIterator[bytes], release: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The chunks; `release` once sent, failed or abandoned."""
+async def released_after(chunks: AsyncIterator[bytes], release: Callable[[], None],
+                         record: RequestRecord) -> AsyncIterator[bytes]:
+    """The chunks, counted in the record as sent; `release` once sent, failed or abandoned."""
     try:
         async with aclosing(chunks):
             async for chunk in chunks:
                 yield chunk
+                record.full_vocab_bytes += len(chunk)
     finally:
         release()
 
@@ -181,9 +186,9 @@ async def event_stream(events: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 def streaming_body(chunks: AsyncIterator[bytes], media_type: str, gzip: bool,
-                   release: Callable[[], None]) -> StreamingResponse:
+                   release: Callable[[], None], record: RequestRecord) -> StreamingResponse:
     """A large body, sent as it is written."""
-    body = released_after(chunks, release)
+    body = released_after(chunks, release, record)
     weakref.finalize(body, release)  # a body never started (the client left) releases too
     headers = {"Content-Encoding": "gzip"} if gzip else {}
     return StreamingResponse(body, media_type=media_type,
@@ -236,16 +241,16 @@ def note_results(record: RequestRecord, results: list, n: int) -> None:
     record.queue_time_s = max(waits, default=None)
 
 
-def model_card(model: ModelConfig, created: int, vocab: Vocabulary) -> dict:
+def model_card(model: ModelConfig, caps: Capabilities, created: int, vocab: Vocabulary) -> dict:
     return {
         "id": model.name,
         "object": "model",
         "created": created,
         "owned_by": "probserve",
-        "max_model_len": model.capabilities.max_model_len,
+        "max_model_len": caps.max_model_len,
         # Whether /v1/chat/completions serves it: its tokenizer has a chat template.
         "chat": vocab.chat_template is not None,
-        "capabilities": model.capabilities.model_dump(),
+        "capabilities": caps.model_dump(),
     }
 
 
@@ -261,14 +266,21 @@ class Ingress:
         self.created = int(time.time())
         self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
         self.waiting = HeldGauge("probserve_full_vocab_waiting")
+        self.access = Access(config.tenancy, config.ingress.retry_after_s)
 
-    def model(self, name: str) -> ModelConfig:
+    def model(self, name: str, tenant: Tenant = UNLIMITED) -> ModelConfig:
+        """The model, if it exists and the tenant may use it: else 404, the same either way,
+        naming only the tenant's models."""
         model = self.config.model(name)
-        if model is None:
-            known = ", ".join(m.name for m in self.config.models)
+        if model is None or not tenant.allows(name):
+            known = ", ".join(m.name for m in self.config.models if tenant.allows(m.name)) or "none"
             raise APIError(404, "model_not_found", f"model {name!r} does not exist; "
                            f"this service has: {known}", "model")
         return model
+
+    async def tenant(self, request: Request) -> Tenant:
+        """Authenticated and within its request rate and in-flight bound, else 401 or 429."""
+        return await self.access.admit(request.headers.get("authorization"), record_of(request))
 
     @app.get("/livez")
     async def live(self) -> Response:
@@ -300,55 +312,76 @@ class Ingress:
         return "ready"
 
     @app.get("/v1/models")
-    async def models(self) -> Response:
-        cards = [model_card(m, self.created, self.vocabularies[m.name]) for m in self.config.models]
+    async def models(self, request: Request) -> Response:
+        """The models the caller's tenant may use, with its caps."""
+        tenant = await self.tenant(request)
+        cards = [model_card(m, tenant.capabilities(m.capabilities), self.created, self.vocabularies[m.name])
+                 for m in self.config.models if tenant.allows(m.name)]
         return json_response({"object": "list", "data": cards})
+
+    @app.get("/v1/usage")
+    async def usage(self, request: Request) -> Response:
+        """The caller's tenant's usage (serve_app.usage)."""
+        await self.tenant(request)
+        name = record_of(request).tenant
+        try:
+            stored = await self.access.usage.read(name)
+        except Exception as error:
+            raise APIError(503, "usage_unavailable", f"the usage storage cannot be reached: {error}",
+                           headers={"Retry-After": str(self.config.ingress.retry_after_s)}) from None
+        return json_response(usage_body(name, stored))
 
     async def parse(self, request: Request, kind: type[StrictRequest],
                     rules: Callable[[Capabilities | None], dict[str, str]]) -> tuple:
-        """The body parsed strictly, its model's config and vocabulary."""
+        """The caller's tenant; the body parsed strictly; its model's config, vocabulary and
+        capabilities as this tenant has them."""
+        tenant = await self.tenant(request)
         raw = await json_object(request, self.config.ingress.max_body_bytes)
         named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
+        named = named if named and tenant.allows(named.name) else None
         if named:  # the request's model, even if the rest of it is refused
             record_of(request).model = named.name
-        body = parse_request(kind, raw, rules(named.capabilities if named else None))
-        model = self.model(body.model)
-        return body, model, self.vocabularies[model.name]
+        body = parse_request(kind, raw, rules(tenant.capabilities(named.capabilities) if named else None))
+        model = self.model(body.model, tenant)
+        return body, model, self.vocabularies[model.name], tenant
 
     @app.post("/v1/completions")
     async def completions(self, request: Request) -> Response:
-        body, model, vocab = await self.parse(
+        body, model, vocab, tenant = await self.parse(
             request, CompletionRequest, lambda caps: admission.rules(caps, self.config.ingress))
         check_form(request, body.prompt_logprobs == -1)
-        caps = model.capabilities
+        caps = tenant.capabilities(model.capabilities)
         admission.check_completion(body, caps, self.config.ingress, vocab)
         bias = admission.logit_bias(body, vocab.logits_size)
         prompts = admission.prompt_inputs(body.prompt, vocab, self.config.ingress.max_batch_prompts)
         admission.check_prompts(prompts, body, caps)
         note_prompts(request, prompts, sum(admission.scored_prompt_tokens(body, len(p.token_ids))
                                            for p in prompts))
+        full_vocab_positions = sum(len(p.token_ids) - 1 for p in prompts) if body.prompt_logprobs == -1 else 0
+        await self.access.charge_prompt(tenant, record_of(request), full_vocab_positions)
         engine_requests = [admission.engine_request(p, body, caps, bias) for p in prompts]
         replica = self.replicas[model.name]
         if body.stream:
             return await event_stream(self.events(replica, engine_requests, record_of(request),
                                                   CompletionStream(model.name, body, prompts, vocab)))
         if body.prompt_logprobs == -1:
-            return await self.full_vocab(request, body, model, prompts, engine_requests)
+            return await self.full_vocab(request, body, model, tenant, prompts, engine_requests)
         results = await self.generate(model.name, engine_requests)
         note_results(record_of(request), results, body.n)
         return json_response(completions.completion_response(model.name, prompts, results, body, vocab))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
-        body, model, vocab = await self.parse(
+        body, model, vocab, tenant = await self.parse(
             request, ChatRequest, lambda caps: admission.rules(caps, self.config.ingress, chat=True))
         check_form(request, full_vocab=False)
-        caps = model.capabilities
+        caps = tenant.capabilities(model.capabilities)
         admission.check_chat(body, caps, self.config.ingress, vocab)
         bias = admission.logit_bias(body, vocab.logits_size)
         prompt = admission.chat_prompt(body, vocab)
         admission.check_prompts([prompt], body, caps, "messages")
         note_prompts(request, [prompt])
+        await self.access.charge_prompt(tenant, record_of(request), 0)
         engine_request = admission.engine_request(prompt, body, caps, bias)
         replica = self.replicas[model.name]
         if body.stream:
@@ -360,26 +393,33 @@ class Ingress:
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
-        body, model, vocab = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES)
+        body, model, vocab, _ = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES)
         token_ids = tokenizer.tokenize(body, vocab)
         return json_response({"count": len(token_ids), "max_model_len": model.capabilities.max_model_len,
                               "tokens": token_ids})
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> Response:
-        body, _, vocab = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES)
+        body, _, vocab, _ = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES)
         return json_response({"prompt": tokenizer.detokenize(body, vocab)})
 
     async def full_vocab(self, request: Request, body: CompletionRequest, model: ModelConfig,
-                         prompts: list, engine_requests: list) -> StreamingResponse:
-        """prompt_logprobs -1: the whole distributions, streamed; a bounded number at once."""
-        await self.full_vocab_slot()
-        release = once(self.full_vocab_slots.release)
+                         tenant: Tenant, prompts: list, engine_requests: list) -> StreamingResponse:
+        """prompt_logprobs -1: the whole distributions, streamed; a bounded number at once, in
+        all and per tenant."""
+        record = record_of(request)
+        release_tenant = await self.access.full_vocab_place(tenant, record)
+        try:
+            await self.full_vocab_slot()
+        except BaseException:
+            release_tenant()
+            raise
+        release = once(lambda: (self.full_vocab_slots.release(), release_tenant()))
         try:
             results = await self.generate(model.name, engine_requests)
-            note_results(record_of(request), results, body.n)
+            note_results(record, results, body.n)
             if npy.accepts_npy(request.headers.get("accept")):
-                return self.npy_body(model, prompts, results, release)
+                return self.npy_body(model, prompts, results, release, record)
             response = completions.completion_response(
                 model.name, prompts, results, body, self.vocabularies[model.name])
             gzip = accepts_gzip(request.headers.get("accept-encoding"))
@@ -388,13 +428,13 @@ class Ingress:
                 return self.serializers.write.remote(model.name, [chunk], gzip)
             chunks = full_vocab_body(completions.body_parts(response, results), write,
                                      self.config.serializer_pool.window, gzip)
-            return streaming_body(chunks, "application/json", gzip, release)
+            return streaming_body(chunks, "application/json", gzip, release, record)
         except BaseException:
             release()
             raise
 
     def npy_body(self, model: ModelConfig, prompts: list, results: list,
-                 release: Callable[[], None]) -> StreamingResponse:
+                 release: Callable[[], None], record: RequestRecord) -> StreamingResponse:
         """The binary form: never gzip-encoded (float32 noise hardly compresses)."""
         parts = npy.body_parts([p.token_ids for p in prompts], results,
                                self.vocabularies[model.name].logits_size)
@@ -402,7 +442,7 @@ class Ingress:
         def write(chunk: npy.NpyChunk) -> DeploymentResponse:
             return self.serializers.write_npy.remote(model.name, chunk)
         chunks = full_vocab_body(parts, write, self.config.serializer_pool.window, gzip=False)
-        return streaming_body(chunks, npy.MEDIA_TYPE, False, release)
+        return streaming_body(chunks, npy.MEDIA_TYPE, False, release, record)
 
     def refusal(self, error: Exception) -> Exception:
         """A model's full queue or dead engine, as the client's 503; other errors as they are."""

@@ -28,10 +28,11 @@ class Metric:
 
 
 REQUEST_TAGS = ("endpoint", "model", "status")
+TENANT_TAGS = ("endpoint", "model", "tenant")
 METRICS = [
     # Ingress: one observation per HTTP request (serve_app.telemetry.RequestRecord).
-    Metric("probserve_requests_total", "counter", (*REQUEST_TAGS, "code"),
-           "HTTP requests by endpoint, model, status and error code (empty on success)"),
+    Metric("probserve_requests_total", "counter", (*REQUEST_TAGS, "code", "tenant"),
+           "HTTP requests by endpoint, model, status, error code (empty on success) and tenant"),
     Metric("probserve_request_duration_seconds", "histogram", REQUEST_TAGS,
            "Time from the request's arrival at the ingress to its response's last byte"),
     Metric("probserve_time_to_first_byte_seconds", "histogram", REQUEST_TAGS,
@@ -39,10 +40,14 @@ METRICS = [
     Metric("probserve_request_queue_time_seconds", "histogram", REQUEST_TAGS,
            "Time a request waited before its engine scheduled it: to reach a model replica, "
            "then in the engine's queue"),
-    Metric("probserve_scored_tokens_total", "counter", ("endpoint", "model"),
+    Metric("probserve_request_prompt_tokens_total", "counter", TENANT_TAGS,
+           "Prompt tokens of the requests the ingress admitted (the responses' usage.prompt_tokens)"),
+    Metric("probserve_scored_tokens_total", "counter", TENANT_TAGS,
            "Prompt tokens whose log-probabilities were asked for (echo, spans, prompt_logprobs)"),
-    Metric("probserve_completion_tokens_total", "counter", ("endpoint", "model"),
+    Metric("probserve_completion_tokens_total", "counter", TENANT_TAGS,
            "Generated tokens returned to clients (the responses' usage.completion_tokens)"),
+    Metric("probserve_full_vocab_sent_bytes_total", "counter", TENANT_TAGS,
+           "Full-vocabulary bytes the ingress sent to clients, as compressed"),
     Metric("probserve_requests_in_flight", "gauge", (),
            "Requests an ingress replica is answering now"),
     Metric("probserve_full_vocab_waiting", "gauge", (),
@@ -118,8 +123,10 @@ class IngressMetrics:
         self.duration = recorder("probserve_request_duration_seconds")
         self.first_byte = recorder("probserve_time_to_first_byte_seconds")
         self.queue_time = recorder("probserve_request_queue_time_seconds")
+        self.prompt = recorder("probserve_request_prompt_tokens_total")
         self.scored = recorder("probserve_scored_tokens_total")
         self.completion = recorder("probserve_completion_tokens_total")
+        self.full_vocab_sent = recorder("probserve_full_vocab_sent_bytes_total")
         self.in_flight = HeldGauge("probserve_requests_in_flight")
 
     def started(self, record: RequestRecord) -> None:
@@ -128,17 +135,18 @@ class IngressMetrics:
     def finished(self, record: RequestRecord) -> None:
         self.in_flight.change(-1)
         tags = {"endpoint": record.endpoint, "model": record.model, "status": str(record.status)}
-        self.requests.inc(1, {**tags, "code": record.code})
+        self.requests.inc(1, {**tags, "code": record.code, "tenant": record.tenant})
         self.duration.observe(record.duration_s, tags)
         if record.time_to_first_byte_s is not None:
             self.first_byte.observe(record.time_to_first_byte_s, tags)
         if record.queue_time_s is not None:
             self.queue_time.observe(record.queue_time_s, tags)
-        tokens = {"endpoint": record.endpoint, "model": record.model}
-        if record.scored_tokens:
-            self.scored.inc(record.scored_tokens, tokens)
-        if record.generated_tokens:
-            self.completion.inc(record.generated_tokens, tokens)
+        tokens = {"endpoint": record.endpoint, "model": record.model, "tenant": record.tenant}
+        for counter, value in [(self.prompt, record.prompt_tokens), (self.scored, record.scored_tokens),
+                               (self.completion, record.generated_tokens),
+                               (self.full_vocab_sent, record.full_vocab_bytes)]:
+            if value and record.served():
+                counter.inc(value, tokens)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 import orjson
@@ -60,18 +60,28 @@ class RequestRecord:
     request_id: str
     method: str
     endpoint: str = "other"  # the route's path; "other" for a path no route matched
+    tenant: str = ""  # empty when the service takes requests without keys
     model: str = ""
     status: int = 0  # 0: no response was started
     code: str = ""  # the error's machine-readable code; empty on success
     prompt_tokens: int = 0
     scored_tokens: int = 0  # prompt tokens whose logprobs the request asked for
     generated_tokens: int = 0
+    full_vocab_bytes: int = 0  # sent, as compressed
     queue_time_s: float | None = None  # before the engine scheduled it (the longest prompt's)
     time_to_first_byte_s: float | None = None
     duration_s: float = 0.0
+    # Not logged: headers for the response (rate limits), and what to do once it is over.
+    response_headers: dict[str, str] = field(default_factory=dict, repr=False)
+    on_finish: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def served(self) -> bool:
+        """Answered, not refused: its tokens count (a refusal may follow their count)."""
+        return 0 < self.status < 400
 
     def log_line(self) -> bytes:
-        return orjson.dumps({"event": "request", **asdict(self)})
+        logged = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        return orjson.dumps({"event": "request", **logged})
 
 
 def error_code(body: bytes) -> str:
@@ -114,6 +124,7 @@ class ObservedRequests:
             nonlocal ended
             if message["type"] == "http.response.start":
                 record.status = message["status"]
+                message = with_headers(message, record.response_headers)
             elif message["type"] == "http.response.body":
                 body = message.get("body", b"")
                 ended = not message.get("more_body", False)
@@ -136,7 +147,24 @@ class ObservedRequests:
             if not ended and not record.code:  # the server stopped sending: the client left
                 record.code = CLIENT_CLOSED
             record.duration_s = self.clock() - started
+            for action in record.on_finish:
+                run_safely(action)
             self.observer.finished(record)
+
+
+def with_headers(start: Message, headers: dict[str, str]) -> Message:
+    """A response start with `headers` added, where the response does not set them itself."""
+    present = {name.lower() for name, _ in start.get("headers", [])}
+    added = [(name.encode(), value.encode()) for name, value in headers.items()
+             if name.encode().lower() not in present]
+    return {**start, "headers": [*start.get("headers", []), *added]} if added else start
+
+
+def run_safely(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except Exception:
+        logging.getLogger("probserve.requests").exception("after-request action failed")
 
 
 def request_logger() -> logging.Logger:

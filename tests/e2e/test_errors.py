@@ -57,6 +57,9 @@ PROVOCATIONS = {
 NOT_PROVOKABLE_OVER_HTTP = {"internal_error", "not_ready"}
 # Codes that only many requests together provoke: tests/e2e/test_overload.py.
 PROVOKED_BY_BURSTS = {"overloaded"}
+# Codes of the application with keys: tests/e2e/test_tenancy.py.
+PROVOKED_WITH_KEYS = {"missing_api_key", "invalid_api_key", "rate_limit_exceeded",
+                      "rate_limit_unavailable", "usage_unavailable"}
 
 
 def documented_codes() -> set[str]:
@@ -64,7 +67,8 @@ def documented_codes() -> set[str]:
 
 
 def test_every_documented_code_is_tested():
-    assert documented_codes() == set(PROVOCATIONS) | NOT_PROVOKABLE_OVER_HTTP | PROVOKED_BY_BURSTS
+    assert documented_codes() == (set(PROVOCATIONS) | NOT_PROVOKABLE_OVER_HTTP | PROVOKED_BY_BURSTS
+                                  | PROVOKED_WITH_KEYS)
 
 
 @pytest.mark.parametrize("code", sorted(PROVOCATIONS))

@@ -156,6 +156,22 @@ def test_the_log_line_is_one_json_object_of_the_record():
     assert b"\n" not in line
     parsed = orjson.loads(line)
     assert parsed["event"] == "request" and parsed["request_id"] == "r1"
-    assert set(parsed) == {"event", "request_id", "endpoint", "method", "model", "status", "code",
-                           "prompt_tokens", "scored_tokens", "generated_tokens", "queue_time_s",
-                           "time_to_first_byte_s", "duration_s"}
+    assert set(parsed) == {"event", "request_id", "endpoint", "method", "tenant", "model", "status",
+                           "code", "prompt_tokens", "scored_tokens", "generated_tokens",
+                           "full_vocab_bytes", "queue_time_s", "time_to_first_byte_s", "duration_s"}
+
+
+def test_noted_headers_join_the_response_and_finish_actions_run_once_it_is_over():
+    done = []
+
+    async def app(scope, receive, send):
+        record = scope["state"]["record"]
+        record.response_headers.update({"x-ratelimit-limit-requests": "10", "retry-after": "9"})
+        record.on_finish.append(lambda: done.append("released"))
+        record.on_finish.append(lambda: 1 / 0)  # a failing action does not stop the others
+        record.on_finish.append(lambda: done.append("counted"))
+        await send({"type": "http.response.start", "status": 429, "headers": [(b"retry-after", b"2")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+    sent = run(app, Observer(), scope())
+    assert sent[0]["headers"] == [(b"retry-after", b"2"), (b"x-ratelimit-limit-requests", b"10")]
+    assert done == ["released", "counted"]
