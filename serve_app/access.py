@@ -35,17 +35,15 @@ class Access:
         self.usage = RedisUsage(config.storage) if config.storage.startswith("redis://") else MemoryUsage()
         self.pending: set[asyncio.Task] = set()
 
-    def tenant(self, name: str) -> Tenant:
-        return self.keyring.current().tenants[name] if self.keyring else UNLIMITED
-
     async def admit(self, authorization: str | None, record: RequestRecord) -> Tenant:
         """The request's tenant (401 without a valid key), counted against its requests per
         minute and given a place in flight, waiting in the tenant's queue if need be (429
         beyond). The place is released, the usage counted and the generated tokens charged when
         the response is over."""
-        name = self.keyring.current().tenant(authorization) if self.keyring else ANONYMOUS
+        keyring = self.keyring.current() if self.keyring else None  # one version for both
+        name = keyring.tenant(authorization) if keyring else ANONYMOUS
         record.tenant = name
-        tenant = self.tenant(name)
+        tenant = keyring.tenants[name] if keyring else UNLIMITED
         record.on_finish.append(lambda: self.account(tenant, record))  # refusals count too
         limits = tenant.limits
         record.response_headers.update(

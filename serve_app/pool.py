@@ -37,13 +37,19 @@ class SerializerPool:
         `chunk` is a one-item list: Ray would fetch a bare reference into the caller."""
         with self.holding():
             rows = await chunk[0]
-            text = await asyncio.to_thread(chunk_json, rows, self.fragments[model])
-            if not gzip:
-                self.metrics.wrote(model, "json", len(rows.logprobs), len(text), len(text), "identity")
-                return text.tobytes()
-            part = await asyncio.to_thread(deflate_part, text)
-            self.metrics.wrote(model, "json", len(rows.logprobs), len(text), len(part.data), "gzip")
-            return part
+            payload, written, sent = await asyncio.to_thread(self.encode, self.fragments[model], rows, gzip)
+            encoding = "gzip" if gzip else "identity"
+            self.metrics.wrote(model, "json", len(rows.logprobs), written, sent, encoding)
+            return payload
+
+    @staticmethod
+    def encode(fragments: EntryFragments, rows, gzip: bool):
+        """(what is sent, bytes written, bytes sent), in one trip to the worker's thread."""
+        text = chunk_json(rows, fragments)
+        if not gzip:
+            return text.tobytes(), len(text), len(text)
+        part = deflate_part(text)
+        return part, len(text), len(part.data)
 
     async def write_npy(self, model: str, chunk: NpyChunk) -> bytes:
         """The chunk's `.npy` records (serve_app.npy)."""

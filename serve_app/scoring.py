@@ -74,12 +74,6 @@ class PositionLogprobs:
         return self.token_ids[first:last], self.logprobs[first:last], self.ranks[first:last]
 
 
-def concatenated(first, later):
-    """Two dataclasses of arrays, each field's rows followed by the later's."""
-    return type(first)(*(np.concatenate([getattr(first, f.name), getattr(later, f.name)])
-                         for f in fields(first)))
-
-
 @dataclass(frozen=True)
 class RankedRows:
     """The first columns of full-vocabulary rows by rank: `token_ids[r, j]` is the token of rank
@@ -91,7 +85,8 @@ class RankedRows:
     actual_ranks: np.ndarray  # int64 [positions]
 
     def followed_by(self, later: "RankedRows") -> "RankedRows":
-        return concatenated(self, later)
+        return RankedRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
+                            for f in fields(self)))
 
     def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
         """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
