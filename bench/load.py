@@ -169,7 +169,7 @@ def run_vllm(plan, rate, time_limit, tuned: bool) -> dict:
 
 def run_probserve(config: Path, plan, rate, time_limit) -> dict:
     print(f"probserve ({config}):", flush=True)
-    args, _ = cli.serve_config(config)
+    args, _, _ = cli.serve_config(config)
     url = local.start(args, port=PORT, log_to_driver=False)
     try:
         return measure(url, SMOLLM2, plan, rate, time_limit)

@@ -3,14 +3,10 @@ files (`import_path: serve_app.app:build_app`, with the AppConfig as `args`)."""
 
 from ray.serve import Application
 
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, model_deployment_name
 from serve_app.ingress import Ingress
 from serve_app.pool import SerializerPool
 from serve_app.replica import ModelReplica
-
-
-def model_deployment_name(model_name: str) -> str:
-    return f"Model-{model_name}"
 
 
 def build_app(args: dict) -> Application:

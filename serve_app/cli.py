@@ -13,13 +13,15 @@ from serve_app.models import BUILDERS, prepare
 from serve_app.tenancy import KeyFile
 
 
-def serve_config(path: Path) -> tuple[dict, dict]:
-    """The app's args and http_options from a Serve config file (one application)."""
+def serve_config(path: Path) -> tuple[dict, dict, str]:
+    """The app's args, http_options and proxy_location from a Serve config file (one
+    application)."""
     document = yaml.safe_load(path.read_text())
     applications = document.get("applications") or []
     if len(applications) != 1:
         raise SystemExit(f"{path}: expected exactly one application, found {len(applications)}")
-    return applications[0].get("args") or {}, document.get("http_options") or {}
+    return (applications[0].get("args") or {}, document.get("http_options") or {},
+            document.get("proxy_location", "EveryNode"))
 
 
 def command_prepare(options: argparse.Namespace) -> None:
@@ -66,7 +68,7 @@ def command_keys_revoke(options: argparse.Namespace) -> None:
 
 
 def command_serve(options: argparse.Namespace) -> None:
-    args, http = serve_config(options.config)
+    args, http, proxy_location = serve_config(options.config)
     key_file = (args.get("tenancy") or {}).get("key_file")
     print(f"API keys: from {key_file}" if key_file else
           "API keys: none configured, every request is served without a key (tenancy.key_file "
@@ -74,9 +76,15 @@ def command_serve(options: argparse.Namespace) -> None:
     host = options.host or http.get("host", "127.0.0.1")
     port = options.port or http.get("port", 8000)
     started = time.monotonic()
-    url = local.start(args, host=host, port=port, metrics_port=options.metrics_port)
-    print(f"probserve is serving at {url} (ready in {time.monotonic() - started:.0f} s), "
-          f"metrics at http://{host}:{options.metrics_port}/metrics; Ctrl-C stops it", flush=True)
+    url = local.start(args, host=host, port=port, metrics_port=options.metrics_port,
+                      address=options.address, proxy_location=proxy_location)
+    ready = f"ready in {time.monotonic() - started:.0f} s"
+    if options.address:
+        print(f"probserve is deployed on the Ray cluster at {options.address} and serving at {url} "
+              f"({ready}); it stays there after this command ends", flush=True)
+        return
+    print(f"probserve is serving at {url} ({ready}), metrics at "
+          f"http://{host}:{options.metrics_port}/metrics; Ctrl-C stops it", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:
@@ -96,13 +104,17 @@ def parser() -> argparse.ArgumentParser:
                       help=f"models to build (default: all of {', '.join(sorted(BUILDERS))})")
     prep.set_defaults(run=command_prepare)
 
-    serve = commands.add_parser("serve", help="start Ray, Serve and the app on this machine")
+    serve = commands.add_parser("serve", help="start Ray, Serve and the app on this machine, "
+                                "or put the app on a running Ray cluster (--address)")
     serve.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
+    serve.add_argument("--address", help="a running Ray cluster's GCS address (HEAD:6379, or "
+                       "`auto` on one of its nodes): deploy the app there and return, instead of "
+                       "starting Ray here")
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--metrics-port", type=int, default=local.METRICS_PORT,
                        help="Ray's metrics export port, where Prometheus scrapes every process's "
-                            "metrics (default %(default)s)")
+                            "metrics (default %(default)s; a cluster joined with --address has its own)")
     serve.set_defaults(run=command_serve)
 
     keys = commands.add_parser("keys", help="API keys (docs/tenancy.md)").add_subparsers(

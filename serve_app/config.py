@@ -26,6 +26,11 @@ Autoscaling = Annotated[dict[str, Any], AfterValidator(checked_autoscaling)]
 ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1}
 
 
+def model_deployment_name(model_name: str) -> str:
+    """The Serve deployment of a model's replicas."""
+    return f"Model-{model_name}"
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -17,14 +17,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.exceptions import HTTPException
 
 from serve_app import admission, chat, completions, npy, tokenizer
 from serve_app.access import Access
+from serve_app.availability import ReplicaStates, running_replicas
 from serve_app.compression import accepts_gzip
-from serve_app.config import AppConfig, Capabilities, ModelConfig
+from serve_app.config import AppConfig, Capabilities, ModelConfig, model_deployment_name
 from serve_app.errors import APIError, EngineUnavailable, error_envelope, not_ready, overloaded
 from serve_app.metrics import HeldGauge, IngressMetrics
 from serve_app.openapi import install_openapi
@@ -44,6 +46,9 @@ from serve_app.telemetry import ObservedRequests, RequestRecord, request_logger
 from serve_app.tenancy import UNLIMITED, Tenant
 from serve_app.usage import usage_body
 from serve_app.vocabulary import Vocabulary
+
+# How often a request waiting for its model checks that the model still has a replica.
+LOST_CHECK_S = 0.5
 
 logger = logging.getLogger("probserve.ingress")
 # No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
@@ -267,6 +272,8 @@ class Ingress:
         self.full_vocab_slots = asyncio.Semaphore(config.ingress.max_full_vocab_requests)
         self.waiting = HeldGauge("probserve_full_vocab_waiting")
         self.access = Access(config.tenancy, config.ingress.retry_after_s)
+        app_name = serve.get_replica_context().app_name
+        self.replica_states = ReplicaStates(lambda: running_replicas(serve.status(), app_name))
 
     def model(self, name: str, tenant: Tenant = UNLIMITED) -> ModelConfig:
         """The model, if it exists and the tenant may use it: else 404, the same either way,
@@ -302,6 +309,8 @@ class Ingress:
 
     async def readiness(self, name: str) -> str:
         """"ready", or why not: the model's health check (its engine's) within the bound."""
+        if self.replica_states.running(model_deployment_name(name)) == 0:
+            return "no running replica"
         try:
             await asyncio.wait_for(self.replicas[name].check_health.remote(),
                                    self.config.ingress.readiness_timeout_s)
@@ -360,9 +369,8 @@ class Ingress:
         full_vocab_positions = sum(len(p.token_ids) - 1 for p in prompts) if body.prompt_logprobs == -1 else 0
         await self.access.charge_prompt(tenant, record_of(request), full_vocab_positions)
         engine_requests = [admission.engine_request(p, body, caps, bias) for p in prompts]
-        replica = self.replicas[model.name]
         if body.stream:
-            return await event_stream(self.events(replica, engine_requests, record_of(request),
+            return await event_stream(self.events(model.name, engine_requests, record_of(request),
                                                   CompletionStream(model.name, body, prompts, vocab)))
         if body.prompt_logprobs == -1:
             return await self.full_vocab(request, body, model, tenant, prompts, engine_requests)
@@ -383,9 +391,8 @@ class Ingress:
         note_prompts(request, [prompt])
         await self.access.charge_prompt(tenant, record_of(request), 0)
         engine_request = admission.engine_request(prompt, body, caps, bias)
-        replica = self.replicas[model.name]
         if body.stream:
-            return await event_stream(self.events(replica, [engine_request], record_of(request),
+            return await event_stream(self.events(model.name, [engine_request], record_of(request),
                                                   ChatStream(model.name, body, [prompt], vocab)))
         (result,) = await self.generate(model.name, [engine_request])
         note_results(record_of(request), [result], body.n)
@@ -445,20 +452,40 @@ class Ingress:
         return streaming_body(chunks, npy.MEDIA_TYPE, False, release, record)
 
     def refusal(self, error: Exception) -> Exception:
-        """A model's full queue or dead engine, as the client's 503; other errors as they are."""
+        """A model's full queue, dead engine or lost replica, as the client's 503; other errors
+        as they are."""
         retry_after_s = self.config.ingress.retry_after_s
         if isinstance(error, BackPressureError):
             return overloaded("the model's queue is full (max_queued_requests): retry later",
                               retry_after_s)
         if isinstance(error, EngineUnavailable):
             return not_ready(str(error), retry_after_s)
+        if isinstance(error, RayActorError):
+            return not_ready("the model's replica was lost (its process or node died): Ray Serve "
+                             f"is replacing it ({type(error).__name__})", retry_after_s)
         return error
 
+    def check_running(self, name: str) -> None:
+        """503 `not_ready` at once for a model that should have a replica and has none
+        (serve_app.availability), instead of waiting for one to start."""
+        always_on = self.config.model(name).autoscaling_config.get("min_replicas", 1) >= 1
+        if always_on and self.replica_states.running(model_deployment_name(name)) == 0:
+            raise not_ready(f"model {name!r} has no running replica: Ray Serve is starting one",
+                            self.config.ingress.retry_after_s)
+
     async def generate(self, model: str, engine_requests: list) -> list:
+        """The results; 503 if the model's queue is full or it loses its replicas meanwhile
+        (Ray Serve would hold the request until a new replica starts)."""
+        self.check_running(model)
+        call = asyncio.ensure_future(generate_all(self.replicas[model], engine_requests))
         try:
-            return await generate_all(self.replicas[model], engine_requests)
-        except (BackPressureError, EngineUnavailable) as error:
+            while not (await asyncio.wait({call}, timeout=LOST_CHECK_S))[0]:
+                self.check_running(model)
+            return call.result()
+        except (BackPressureError, EngineUnavailable, RayActorError) as error:
             raise self.refusal(error) from None
+        finally:
+            call.cancel()
 
     async def full_vocab_slot(self) -> None:
         """A slot, within the configured wait and number of waiters, else 503 `overloaded`."""
@@ -476,9 +503,11 @@ class Ingress:
         finally:
             self.waiting.change(-1)
 
-    async def events(self, replica: DeploymentHandle, engine_requests: list, record: RequestRecord,
+    async def events(self, model: str, engine_requests: list, record: RequestRecord,
                      stream: ChoiceStream) -> AsyncIterator[bytes]:
         """Every prompt's deltas as they come, merged into one event stream."""
+        self.check_running(model)
+        replica = self.replicas[model]
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(prompt_index: int, engine_request) -> None:
@@ -494,13 +523,15 @@ class Ingress:
         try:
             while not (done.done() and queue.empty()):
                 getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([getter, done], timeout=LOST_CHECK_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if getter.done():
                     for chunk in stream.events(*getter.result()):
                         started = True
                         yield chunk
                 else:
                     getter.cancel()
+                    self.check_running(model)
             done.result()
         except Exception as error:
             error = self.refusal(error)

@@ -37,29 +37,43 @@ def prepare_embedded_models(config: AppConfig) -> None:
 
 
 def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: bool = True,
-          metrics_port: int = METRICS_PORT) -> str:
-    """Starts Ray, Serve and the app; returns the base URL once /health answers.
+          metrics_port: int = METRICS_PORT, address: str | None = None,
+          proxy_location: str = "EveryNode") -> str:
+    """Starts Ray (or joins the cluster at `address`), Serve and the app; returns the base URL
+    once /health answers.
 
     Without log_to_driver, the replicas' logs stay in Ray's session folder under
     PROBSERVE_HOME/ray instead of this process's output. Prometheus scrapes every process's
-    metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml)."""
+    metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml). A cluster
+    joined at `address` has its own metrics port, and its nodes their own models and
+    environment (PROXY_CALLBACK): only the application is put on it."""
     import ray
     from ray import serve
 
     from serve_app.app import build_app
 
     config = AppConfig.model_validate(args)
-    home = apply_cache_environment()
-    prepare_embedded_models(config)
-    os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
-    ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
-             _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
-             _metrics_export_port=metrics_port)
-    serve.start(http_options={"host": host, "port": port})
+    if address is None:
+        home = apply_cache_environment()
+        prepare_embedded_models(config)
+        os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
+        ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
+                 _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
+                 _metrics_export_port=metrics_port)
+    else:
+        ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver)
+    serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
-    url = f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    url = f"http://{proxy_host(host, address)}:{port}"
     wait_healthy(url)
     return url
+
+
+def proxy_host(host: str, address: str | None) -> str:
+    """Where this machine reaches Serve's proxy: the cluster's head, or this node."""
+    if address and address not in ("auto", "local"):
+        return address.removeprefix("ray://").rsplit(":", 1)[0]
+    return "127.0.0.1" if host == "0.0.0.0" else host
 
 
 def wait_healthy(url: str, timeout_s: float = 300) -> None:

@@ -33,7 +33,7 @@ def wait_until(condition, started: float) -> float:
 
 @pytest.fixture(scope="module")
 def scaling_url(base_url):
-    args, _ = cli.serve_config(CONFIG)
+    args, _, _ = cli.serve_config(CONFIG)
     serve.run(build_app(args), name=APP, route_prefix=PREFIX)
     yield f"{base_url}{PREFIX}"
     serve.delete(APP)

@@ -6,10 +6,11 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
+from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from serve_app.config import IngressConfig
+from serve_app.config import IngressConfig, ModelConfig
 from serve_app.errors import APIError
 from serve_app.ingress import Ingress, internal_error
 from serve_app.scoring import EngineRequest
@@ -30,9 +31,20 @@ class Replica:
             await asyncio.sleep(60)
 
 
-def health(outcomes: dict[str, str]):
+class Running:
+    """Replica counts as serve_app.availability knows them, set by the test."""
+
+    def __init__(self, **counts: int):
+        self.counts = counts
+
+    def running(self, deployment: str) -> int | None:
+        return self.counts.get(deployment.removeprefix("Model-"))
+
+
+def health(outcomes: dict[str, str], running: Running = Running()):
     ingress = SimpleNamespace(replicas={name: Replica(o) for name, o in outcomes.items()},
-                              config=SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1)))
+                              config=SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1)),
+                              replica_states=running)
     ingress.readiness = partial(Ingress.func_or_class.readiness, ingress)
     response = asyncio.run(Ingress.func_or_class.health(ingress))
     return response, orjson.loads(response.body)
@@ -44,6 +56,12 @@ def test_not_ready_names_the_models_that_are_not_and_the_others_stay_ready():
     assert body["error"]["code"] == "not_ready" and body["error"]["message"] == "not ready: down, stuck"
     assert body["models"] == {"down": "RuntimeError: engine died", "stuck": "no answer within 0.1 s",
                               "up": "ready"}
+
+
+def test_a_model_without_a_running_replica_is_not_ready_without_asking_it():
+    response, body = health({"lost": "hangs", "up": "passes"}, Running(lost=0, up=1))
+    assert response.status_code == 503
+    assert body["models"] == {"lost": "no running replica", "up": "ready"}
 
 
 def test_ready_when_every_model_is():
@@ -78,24 +96,34 @@ class BreakingStream:
         raise self.error
 
 
-INGRESS = SimpleNamespace(config=SimpleNamespace(ingress=IngressConfig(retry_after_s=2)))
+MODEL = ModelConfig(name="tiny-llama")
 REQUEST = EngineRequest(prompt_token_ids=[1], max_tokens=1, temperature=0.0, top_p=1.0)
-INGRESS.refusal = partial(Ingress.func_or_class.refusal, INGRESS)
 QUEUE_FULL = BackPressureError(num_queued_requests=3, max_queued_requests=3)
 
 
-def collect(handle) -> list[bytes]:
+def ingress_with(handle, running: Running) -> SimpleNamespace:
+    ingress = SimpleNamespace(config=SimpleNamespace(ingress=IngressConfig(retry_after_s=2),
+                                                     model=lambda name: MODEL),
+                              replicas={MODEL.name: handle}, replica_states=running)
+    ingress.refusal = partial(Ingress.func_or_class.refusal, ingress)
+    ingress.check_running = partial(Ingress.func_or_class.check_running, ingress)
+    return ingress
+
+
+def collect(handle, running: Running = Running()) -> list[bytes]:
     from tests.unit.test_streaming import stream_for
 
     async def run():
         record = RequestRecord(request_id="r", method="POST")
-        return [chunk async for chunk in Ingress.func_or_class.events(INGRESS, handle, [REQUEST], record,
-                                                                      stream_for())]
+        events = Ingress.func_or_class.events(ingress_with(handle, running), MODEL.name, [REQUEST],
+                                              record, stream_for())
+        return [chunk async for chunk in events]
     return asyncio.run(run())
 
 
 @pytest.mark.parametrize("error, code", [(RuntimeError("replica died"), "internal_error"),
-                                         (QUEUE_FULL, "overloaded")])
+                                         (QUEUE_FULL, "overloaded"),
+                                         (ActorDiedError(), "not_ready")])
 def test_a_stream_that_fails_once_started_ends_with_an_error_event_then_done(error, code):
     from tests.unit.test_streaming import delta
 
@@ -110,6 +138,46 @@ def test_a_stream_refused_before_it_starts_is_an_http_error():
         collect(BreakingStream([], QUEUE_FULL))
     assert (caught.value.status, caught.value.code) == (503, "overloaded")
     assert caught.value.headers == {"Retry-After": "2"}
+
+
+class Stalled(BreakingStream):
+    """A stream that gives some deltas, then nothing: its replica was lost and Ray Serve holds
+    the request until a new one starts."""
+
+    async def remote(self, request):
+        for delta in self.deltas:
+            yield delta
+        self.running.counts[MODEL.name] = 0  # the controller learns the replica is gone
+        await asyncio.sleep(60)
+
+
+def test_a_stream_whose_model_loses_its_replicas_ends_with_not_ready_instead_of_waiting():
+    from tests.unit.test_streaming import delta
+
+    stalled = Stalled([delta(0, [1])], None)
+    stalled.running = Running(**{MODEL.name: 1})
+    chunks = collect(stalled, stalled.running)
+    assert orjson.loads(chunks[1].removeprefix(b"data: "))["error"]["code"] == "not_ready"
+    assert chunks[2] == b"data: [DONE]\n\n"
+
+
+def test_a_request_for_a_model_without_a_running_replica_is_refused_before_it_is_sent():
+    with pytest.raises(APIError) as caught:
+        collect(BreakingStream([], RuntimeError("never sent")), Running(**{MODEL.name: 0}))
+    assert (caught.value.status, caught.value.code) == (503, "not_ready")
+
+
+def test_a_generation_waiting_for_a_lost_model_is_refused():
+    class Waiting:
+        async def remote(self, request):
+            running.counts[MODEL.name] = 0
+            await asyncio.sleep(60)
+
+    running = Running(**{MODEL.name: 1})
+    ingress = ingress_with(SimpleNamespace(generate=Waiting()), running)
+    with pytest.raises(APIError) as caught:
+        asyncio.run(Ingress.func_or_class.generate(ingress, MODEL.name, [REQUEST]))
+    assert (caught.value.status, caught.value.code) == (503, "not_ready")
 
 
 class Count:

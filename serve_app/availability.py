@@ -1,0 +1,49 @@
+"""Which models have a running replica, as the Serve controller last said.
+
+Ray Serve holds a request for a deployment with no running replica until one starts, however
+long that takes: after a node is lost, until a new one joins. A model that should always have
+one (min_replicas >= 1) and has none is refused at once with 503 `not_ready` instead. A model
+that scales to zero keeps Serve's behaviour: its requests wait for the replica they wake.
+"""
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger("probserve.availability")
+
+
+def running_replicas(status, app_name: str) -> dict[str, int]:
+    """RUNNING replicas per deployment of the application, from `serve.status()`."""
+    application = status.applications.get(app_name)
+    if application is None:
+        return {}
+    return {name: deployment.replica_states.get("RUNNING", 0)
+            for name, deployment in application.deployments.items()}
+
+
+class ReplicaStates:
+    """Running replica counts, refreshed in the background while requests ask for them: a
+    request reads the last known counts and never waits for the controller."""
+
+    def __init__(self, fetch: Callable[[], dict[str, int]], max_age_s: float = 1.0):
+        self.fetch, self.max_age_s = fetch, max_age_s
+        self.counts: dict[str, int] = {}
+        self.fetched_at = float("-inf")
+        self.refreshing: asyncio.Task | None = None
+
+    def running(self, deployment: str) -> int | None:
+        """The last known count (None before the first answer); starts a refresh when stale."""
+        if time.monotonic() - self.fetched_at > self.max_age_s and self.refreshing is None:
+            self.refreshing = asyncio.get_running_loop().create_task(self.refresh())
+        return self.counts.get(deployment)
+
+    async def refresh(self) -> None:
+        try:
+            self.counts = await asyncio.to_thread(self.fetch)
+            self.fetched_at = time.monotonic()
+        except Exception as error:  # the controller restarting: keep the last counts
+            logger.warning("replica states unavailable: %s", error)
+        finally:
+            self.refreshing = None

@@ -1,0 +1,158 @@
+"""Many nodes, on this machine: a head node (ingress, serializer pool, Serve's proxy) and a
+worker node standing in for a model's GPU worker group (its custom resource in place of the
+GPU node's labels). `probserve serve --address` puts the app on the running cluster; the model
+replica lands on the worker node and answers correctly; the worker node is lost at once and
+requests get an enveloped 503, never a hang; a new worker node joins and the model answers
+again, with nobody redeploying anything."""
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from serve_app.home import apply_cache_environment
+from serve_app.local import APP_NAME, PROXY_CALLBACK
+from tests.e2e.conftest import MODEL, free_port
+from tests.e2e.ray_cluster import RayNode, node_options
+
+CPU_GROUP = {"probserve-cpu": 100}
+MODEL_GROUP = {f"probserve-model-{MODEL}": 1}
+START_LIMIT_S = 300
+# A lost node's requests fail within Ray's wait for the actor's death (its default 60 s).
+FAILURE_LIMIT_S = 90
+RECOVERY_LIMIT_S = 300
+GREEDY = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4,
+          "temperature": 0, "logprobs": 1}
+
+
+def serve_config(port: int) -> dict:
+    """The layout of deployments/production.yaml in small: the model on its group's nodes,
+    ingress and pool on the CPU group's (here the head), Serve's proxy on the head."""
+    on_cpu_group = {"num_cpus": 0.1, "resources": {"probserve-cpu": 1}}
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": APP_NAME, "route_prefix": "/", "import_path": "serve_app.app:build_app",
+                          "args": {
+                              "models": [{"name": MODEL, "capabilities": {"max_model_len": 512},
+                                          "health_check_period_s": 2,
+                                          "ray_actor_options": {"num_cpus": 0.5, "resources": MODEL_GROUP}}],
+                              "ingress": {"ray_actor_options": on_cpu_group},
+                              "serializer_pool": {"ray_actor_options": on_cpu_group}}}],
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A head node; the test adds and loses worker nodes. Everything stops after."""
+    home = apply_cache_environment()
+    folder = tmp_path_factory.mktemp("multinode")
+    # Ray's token authentication, with a token of this cluster's own, for its nodes and for
+    # whatever joins it (`probserve serve --address`).
+    token = home / "ray-multinode" / "auth_token"
+    token.parent.mkdir(exist_ok=True)
+    token.write_text(secrets.token_hex(32))
+    env = {**os.environ, **PROXY_CALLBACK, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    gcs = free_port()
+    head = RayNode(folder / "head.log", env, "--head", f"--port={gcs}", "--include-dashboard=false",
+                   f"--ray-client-server-port={free_port()}", f"--temp-dir={home / 'ray-multinode'}",
+                   *node_options(2, CPU_GROUP, free_port()))
+    nodes = [head]
+
+    def add_worker() -> RayNode:
+        worker = RayNode(folder / f"worker{len(nodes)}.log", env, f"--address=127.0.0.1:{gcs}",
+                         *node_options(1, MODEL_GROUP, free_port()))
+        nodes.append(worker)
+        return worker
+    yield {"address": f"127.0.0.1:{gcs}", "env": env, "head": head, "add_worker": add_worker,
+           "folder": folder}
+    for node in reversed(nodes):
+        node.kill()
+    assert not any(node.processes() for node in nodes)
+
+
+def deploy(cluster: dict, port: int) -> str:
+    """`probserve serve --address`: the app onto the running cluster; returns its URL."""
+    config = cluster["folder"] / "serve.yaml"
+    config.write_text(yaml.safe_dump(serve_config(port)))
+    command = [str(Path(sys.executable).parent / "probserve"), "serve", "--address", cluster["address"],
+               "--config", str(config)]
+    done = subprocess.run(command, env=cluster["env"], capture_output=True, text=True,
+                          timeout=START_LIMIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "deployed on the Ray cluster" in done.stdout
+    return f"http://127.0.0.1:{port}"
+
+
+def check_answer(answer: dict, reference) -> None:
+    ids = reference.tokenizer.encode(GREEDY["prompt"])
+    generated = answer["choices"][0]["logprobs"]["token_ids"]
+    assert generated == reference.greedy(ids, GREEDY["max_tokens"])
+    rows = reference.log_softmax(ids + generated)[len(ids) - 1:-1]
+    np.testing.assert_allclose(answer["choices"][0]["logprobs"]["token_logprobs"],
+                               rows[np.arange(len(generated)), generated], atol=1e-4)
+
+
+def timed_request(url: str) -> tuple[httpx.Response, float]:
+    """A completion request and its latency; a hang fails the test (httpx's timeout)."""
+    sent = time.monotonic()
+    response = httpx.post(f"{url}/v1/completions", json=GREEDY, timeout=FAILURE_LIMIT_S)
+    return response, time.monotonic() - sent
+
+
+def assert_refused(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "not_ready" and response.headers["retry-after"]
+
+
+def until_answered(url: str) -> tuple[httpx.Response, list[float]]:
+    """Requests one after another until one is answered 200, each refusal an enveloped 503;
+    returns the answer and the refusals' latencies."""
+    started, waits = time.monotonic(), []
+    while (timed := timed_request(url))[0].status_code != 200:
+        assert_refused(timed[0])
+        waits.append(timed[1])
+        assert time.monotonic() - started < RECOVERY_LIMIT_S, f"no answer within {RECOVERY_LIMIT_S} s"
+        time.sleep(0.5)
+    return timed[0], waits
+
+
+def test_the_model_on_a_worker_node_survives_losing_it(cluster, references, capsys):
+    reference = references[MODEL]
+    worker = cluster["add_worker"]()
+    url = deploy(cluster, free_port())
+    assert worker.runs(f"ServeReplica:{APP_NAME}:Model-{MODEL}")
+    assert not cluster["head"].runs(f"ServeReplica:{APP_NAME}:Model-{MODEL}")
+    assert cluster["head"].runs(f"ServeReplica:{APP_NAME}:Ingress")
+    answer = httpx.post(f"{url}/v1/completions", json=GREEDY, timeout=60)
+    assert answer.status_code == 200, answer.text
+    check_answer(answer.json(), reference)
+
+    worker.kill()
+    lost = time.monotonic()
+    waits = []
+    while not waits or waits[-1] > 2:  # until the service knows the node is gone: at once
+        response, wait = timed_request(url)
+        assert_refused(response)
+        waits.append(wait)
+        assert time.monotonic() - lost < 2 * FAILURE_LIMIT_S
+    known = time.monotonic() - lost
+    health = httpx.get(f"{url}/health", timeout=30)
+    assert health.status_code == 503 and health.json()["models"][MODEL] == "no running replica"
+
+    cluster["add_worker"]()
+    joined = time.monotonic()
+    answer, refusals = until_answered(url)
+    check_answer(answer.json(), reference)
+    recovered = time.monotonic() - joined
+    assert all(wait < 2 for wait in refusals)  # while the new replica starts: refused at once
+    with capsys.disabled():
+        print(f"\nworker node lost: first refusal after {waits[0]:.1f} s, refused at once from "
+              f"{known:.1f} s; a new worker node answered {recovered:.1f} s after joining")

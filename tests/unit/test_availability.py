@@ -1,0 +1,55 @@
+import asyncio
+from types import SimpleNamespace
+
+from serve_app.availability import ReplicaStates, running_replicas
+
+
+def status(app: str, **replicas: dict) -> SimpleNamespace:
+    deployments = {name: SimpleNamespace(replica_states=states) for name, states in replicas.items()}
+    return SimpleNamespace(applications={app: SimpleNamespace(deployments=deployments)})
+
+
+def test_running_replicas_counts_only_running_ones_of_the_application():
+    serve_status = status("probserve", Ingress={"RUNNING": 2},
+                          **{"Model-a": {"PENDING_ALLOCATION": 1}, "Model-b": {"RUNNING": 1, "STARTING": 1}})
+    assert running_replicas(serve_status, "probserve") == {"Ingress": 2, "Model-a": 0, "Model-b": 1}
+    assert running_replicas(serve_status, "other") == {}
+
+
+def test_a_request_reads_the_last_counts_and_a_stale_answer_is_refreshed_in_the_background():
+    answers = iter([{"Model-a": 1}, {"Model-a": 0}])
+    fetches = []
+
+    def fetch():
+        fetches.append(1)
+        return next(answers)
+
+    async def scenario():
+        states = ReplicaStates(fetch, max_age_s=0.05)
+        assert states.running("Model-a") is None  # unknown: never refuse on no knowledge
+        assert states.running("Model-a") is None  # one refresh at a time
+        await asyncio.sleep(0.02)
+        assert states.running("Model-a") == 1 and len(fetches) == 1  # fresh: not fetched again
+        await asyncio.sleep(0.06)
+        assert states.running("Model-a") == 1  # stale: the last answer, while refreshing
+        await asyncio.sleep(0.02)
+        assert states.running("Model-a") == 0 and len(fetches) == 2
+    asyncio.run(scenario())
+
+
+def test_a_failing_controller_keeps_the_last_counts():
+    answers = [{"Model-a": 1}]
+
+    def fetch():
+        if not answers:
+            raise ConnectionError("controller restarting")
+        return answers.pop()
+
+    async def scenario():
+        states = ReplicaStates(fetch, max_age_s=0)
+        states.running("Model-a")
+        await asyncio.sleep(0.02)
+        assert states.running("Model-a") == 1
+        await asyncio.sleep(0.02)
+        assert states.running("Model-a") == 1
+    asyncio.run(scenario())

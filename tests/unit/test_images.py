@@ -1,0 +1,151 @@
+"""The container images (docker/) agree with the project: Ray and Python versions, install step,
+ports, paths. The images cannot be built in CI, so their Dockerfiles are read here instead."""
+
+import os
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from serve_app.local import METRICS_PORT, PROXY_CALLBACK
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL = ROOT / "scripts" / "install.sh"
+IMAGE_PYTHON = "/home/ray/anaconda3/bin/python"
+DASHBOARD_PORT = 8265  # Ray's dashboard: `serve deploy` and the job API
+BUILDS = {"cpu": "cpu", "gpu": "cu"}  # build -> the prefix of Ray's image flavor (cpu, cu128)
+
+
+def pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def instructions(build: str) -> list[tuple[str, str]]:
+    """The Dockerfile's (INSTRUCTION, arguments) in order, continuation lines joined."""
+    text = (ROOT / "docker" / f"Dockerfile.{build}").read_text()
+    lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    result = []
+    for line in joined.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def arguments(build: str, name: str) -> list[str]:
+    return [rest for word, rest in instructions(build) if word == name]
+
+
+def env(build: str) -> dict[str, str]:
+    result = {}
+    for rest in arguments(build, "ENV"):
+        for item in shlex.split(rest):
+            key, _, value = item.partition("=")
+            result[key] = value
+    return result
+
+
+def runs(build: str) -> list[list[str]]:
+    return [shlex.split(rest) for rest in arguments(build, "RUN")]
+
+
+def base_image(build: str) -> re.Match:
+    args = dict(rest.split("=", 1) for rest in arguments(build, "ARG"))
+    (image,) = arguments(build, "FROM")
+    image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], image)
+    match = re.fullmatch(r"rayproject/ray:(?P<ray>[\d.]+)-py(?P<python>\d+)-(?P<flavor>\w+)", image)
+    assert match, image
+    return match
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_base_image_is_rays_at_the_pinned_versions(build):
+    project = pyproject()["project"]
+    (ray_pin,) = [re.fullmatch(r"ray\[serve\]==(\S+)", dep).group(1)
+                  for dep in project["dependencies"] if dep.startswith("ray[")]
+    lowest_python = re.search(r">=\s*(\d+)\.(\d+)", project["requires-python"]).groups()
+    image = base_image(build)
+    assert image["ray"] == ray_pin
+    assert image["python"] == "".join(lowest_python) == "311"
+    assert image["flavor"].startswith(BUILDS[build])
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_image_runs_the_install_script_with_its_build(build):
+    assert build in pyproject()["project"]["optional-dependencies"]
+    installs = [argv for argv in runs(build) if argv[0] == "scripts/install.sh"]
+    assert installs == [["scripts/install.sh", IMAGE_PYTHON, build]]
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_image_exposes_the_services_ports(build):
+    http_ports = {yaml.safe_load((ROOT / "deployments" / name).read_text())["http_options"]["port"]
+                  for name in ("local.yaml", "gpu.yaml")}
+    assert http_ports == {8000}
+    exposed = {int(port) for rest in arguments(build, "EXPOSE") for port in rest.split()}
+    assert exposed == http_ports | {METRICS_PORT, DASHBOARD_PORT}
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_image_environment(build):
+    variables = env(build)
+    for key, value in PROXY_CALLBACK.items():
+        assert variables[key] == value
+    assert variables["PROBSERVE_HOME"] == "/home/ray/.cache/probserve"
+    # Set before the install step, so what is built at build time lands where serving looks.
+    words = instructions(build)
+    home_set = next(i for i, (word, rest) in enumerate(words) if word == "ENV" and "PROBSERVE_HOME=" in rest)
+    first_run = next(i for i, (word, _) in enumerate(words) if word == "RUN")
+    assert home_set < first_run
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_project_is_copied_to_the_workdir_owned_by_ray(build):
+    (copy,) = [shlex.split(rest) for rest in arguments(build, "COPY")]
+    (workdir,) = arguments(build, "WORKDIR")
+    assert copy == ["--chown=ray:users", ".", workdir]
+    assert workdir == "/home/ray/probserve"
+
+
+def test_cpu_image_prepares_the_model_the_local_config_serves():
+    config = yaml.safe_load((ROOT / "deployments" / "local.yaml").read_text())
+    served = {model["name"] for model in config["applications"][0]["args"]["models"]}
+    assert served == {"smollm2-135m-instruct"}
+    prepares = [argv[3:] for argv in runs("cpu") if argv[:3] == ["probserve", "models", "prepare"]]
+    assert len(prepares) == 1 and served <= set(prepares[0])
+
+
+def test_gpu_image_has_no_embedded_model():
+    assert not [argv for argv in runs("gpu") if argv[:1] == ["probserve"]]
+
+
+def test_install_script_is_executable_and_refuses_an_unknown_build():
+    assert INSTALL.is_file() and os.access(INSTALL, os.X_OK)
+    subprocess.run(["bash", "-n", str(INSTALL)], check=True)
+    # /bin/false as the python: were the build checked after the first pip step, it would exit 1.
+    result = subprocess.run(["bash", str(INSTALL), "/bin/false", "nosuch"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2
+    assert "nosuch" in result.stderr and "cpu or gpu" in result.stderr
+    assert "==" not in result.stdout
+
+
+def test_make_venv_runs_the_install_script():
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^\$\(STAMP\):\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert recipe
+    steps = [line.strip() for line in recipe.group(1).splitlines()]
+    assert "scripts/install.sh $(PY) cpu test" in steps
+    assert not [step for step in steps if "pip install" in step]
+    # A changed install script makes `make venv` install again.
+    stamp = re.search(r"^STAMP := .*\$\(shell cat ([^|]*)\|", makefile, re.MULTILINE)
+    assert stamp and "scripts/install.sh" in stamp.group(1).split()
+
+
+def test_dockerignore_leaves_out_the_local_venv_and_git():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", ".git"} <= ignored
