@@ -188,5 +188,11 @@ class AppConfig(Strict):
                 "waiters")
         return self
 
+    def placements(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Each deployment's ray_actor_options and autoscaling_config: what Ray places where."""
+        return [(self.ingress.ray_actor_options, self.ingress.autoscaling_config),
+                (self.serializer_pool.ray_actor_options, self.serializer_pool.autoscaling_config),
+                *((m.ray_actor_options, m.autoscaling_config) for m in self.models)]
+
     def model(self, name: str) -> ModelConfig | None:
         return next((model for model in self.models if model.name == name), None)

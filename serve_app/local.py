@@ -3,6 +3,7 @@
 import math
 import os
 import time
+from collections import defaultdict
 
 import httpx
 
@@ -16,18 +17,20 @@ METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
 PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "serve_app.telemetry:proxy_middlewares"}
 
 
-def logical_cpus(config: AppConfig) -> int:
-    """Ray schedules by declared CPUs: declare what the deployments ask for, at least the cores.
+def logical_resources(config: AppConfig) -> tuple[int, dict[str, int]]:
+    """Ray schedules by declared resources: this one node declares what the deployments ask
+    for at their largest, CPUs (at least the cores) and custom resources (the node groups of a
+    cluster, deployments/production.yaml).
 
     vLLM's engine processes are not Ray actors, so the real cores are shared anyway."""
-    def most(options: dict, autoscaling: dict) -> float:
-        return options.get("num_cpus", 1) * autoscaling.get("max_replicas", 1)
-
-    pool = config.serializer_pool
-    wanted = most(config.ingress.ray_actor_options, config.ingress.autoscaling_config)
-    wanted += most(pool.ray_actor_options, pool.autoscaling_config)
-    wanted += sum(most(m.ray_actor_options, m.autoscaling_config) for m in config.models)
-    return max(os.cpu_count() or 1, math.ceil(wanted) + 1)
+    wanted: dict[str, float] = defaultdict(float)
+    for options, autoscaling in config.placements():
+        replicas = autoscaling.get("max_replicas", 1)
+        wanted["CPU"] += options.get("num_cpus", 1) * replicas
+        for name, amount in options.get("resources", {}).items():
+            wanted[name] += amount * replicas
+    cpus = max(os.cpu_count() or 1, math.ceil(wanted.pop("CPU")) + 1)
+    return cpus, {name: math.ceil(amount) for name, amount in wanted.items()}
 
 
 def prepare_embedded_models(config: AppConfig) -> None:
@@ -57,7 +60,8 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
         home = apply_cache_environment()
         prepare_embedded_models(config)
         os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
-        ray.init(num_cpus=logical_cpus(config), include_dashboard=False,
+        cpus, resources = logical_resources(config)
+        ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
                  _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
                  _metrics_export_port=metrics_port)
     else:

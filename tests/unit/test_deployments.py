@@ -1,0 +1,71 @@
+"""Each Serve config in deployments/ builds an application whose deployments have the
+autoscaling, resources and bounds the file says (not only a file that parses)."""
+
+from pathlib import Path
+
+import pytest
+
+from serve_app.app import build_app
+from serve_app.cli import serve_config
+from serve_app.config import AppConfig, model_deployment_name
+from serve_app.local import logical_resources
+
+FILES = sorted(Path(__file__).resolve().parents[2].glob("deployments/*.yaml"))
+
+
+def deployments(args: dict) -> dict:
+    """The application's deployments by name: the ingress, its models, the pool."""
+    ingress = build_app(args)._bound_deployment
+    _, models, pool = ingress.init_args
+    bound = [ingress, pool._bound_deployment, *(app._bound_deployment for app in models.values())]
+    return {deployment.name: deployment for deployment in bound}
+
+
+def assert_deployed_as(deployment, autoscaling: dict, ray_actor_options: dict, max_ongoing: int) -> None:
+    built = deployment._deployment_config.autoscaling_config
+    for key, value in autoscaling.items():
+        assert getattr(built, key) == value, (deployment.name, key)
+    assert deployment.ray_actor_options == ray_actor_options
+    assert deployment.max_ongoing_requests == max_ongoing
+
+
+@pytest.mark.parametrize("path", FILES, ids=[path.name for path in FILES])
+def test_the_file_builds_what_it_says(path):
+    args, _, _ = serve_config(path)
+    config = AppConfig.model_validate(args)
+    built = deployments(args)
+    models = {model_deployment_name(model.name) for model in config.models}
+    assert set(built) == {"Ingress", "SerializerPool", *models}
+    assert_deployed_as(built["Ingress"], config.ingress.autoscaling_config, config.ingress.ray_actor_options,
+                       config.ingress.max_ongoing_requests)
+    pool = config.serializer_pool
+    assert_deployed_as(built["SerializerPool"], pool.autoscaling_config, pool.ray_actor_options,
+                       pool.max_ongoing_requests)
+    for model in config.models:
+        deployment = built[model_deployment_name(model.name)]
+        assert_deployed_as(deployment, model.autoscaling_config, model.ray_actor_options,
+                           model.max_ongoing_requests)
+        assert deployment.max_queued_requests == model.max_queued_requests
+
+
+def test_production_places_models_on_their_groups_and_the_rest_on_cpu_nodes():
+    args, http, _ = serve_config(Path(FILES[0]).parent / "production.yaml")
+    built = deployments(args)
+    assert http["host"] == "0.0.0.0"
+    for name in ("Ingress", "SerializerPool"):
+        assert built[name].ray_actor_options["resources"] == {"probserve-cpu": 1}
+    models = [d for name, d in built.items() if name.startswith("Model-")]
+    assert len(models) >= 2
+    for deployment in models:
+        options = deployment.ray_actor_options
+        assert options["num_gpus"] == 1
+        assert options["resources"] == {f"probserve-{deployment.name.lower()}": 1}
+
+
+def test_one_machine_declares_the_node_groups_a_file_asks_for():
+    args, _, _ = serve_config(Path(FILES[0]).parent / "production.yaml")
+    cpus, resources = logical_resources(AppConfig.model_validate(args))
+    # ingress 1 x 8, pool 1 x 16, models 4 x (4 + 2 + 2): every deployment at its largest
+    assert cpus == 8 + 16 + 32 + 1
+    assert resources == {"probserve-cpu": 24, "probserve-model-llama-3.1-8b": 4,
+                         "probserve-model-qwen2.5-7b-instruct": 2, "probserve-model-mistral-7b-instruct": 2}

