@@ -49,6 +49,8 @@ from serve_app.vocabulary import Vocabulary
 
 # How often a request waiting for its model checks that the model still has a replica.
 LOST_CHECK_S = 0.5
+# /health's model states that count as serving.
+SERVING = ("ready", "scaled to zero")
 
 logger = logging.getLogger("probserve.ingress")
 # No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
@@ -301,16 +303,18 @@ class Ingress:
         `not_ready` naming the models that are not, with each model's state."""
         names = [self.model(model).name] if model is not None else list(self.replicas)
         states = dict(zip(names, await asyncio.gather(*map(self.readiness, names))))
-        if all(state == "ready" for state in states.values()):
+        if all(state in SERVING for state in states.values()):
             return json_response({"status": "ok", "models": states})
-        down = ", ".join(name for name, state in states.items() if state != "ready")
+        down = ", ".join(name for name, state in states.items() if state not in SERVING)
         error = not_ready(f"not ready: {down}", self.config.ingress.retry_after_s)
         return json_response({**error.envelope(), "models": states}, error.status, error.headers)
 
     async def readiness(self, name: str) -> str:
-        """"ready", or why not: the model's health check (its engine's) within the bound."""
+        """"ready", "scaled to zero" (its next request starts a replica), or why not: the
+        model's health check (its engine's) within the bound. A model without replicas is not
+        asked: asking would wait for one, and wake a model scaled to zero."""
         if self.replica_states.running(model_deployment_name(name)) == 0:
-            return "no running replica"
+            return "no running replica" if self.always_on(name) else "scaled to zero"
         try:
             await asyncio.wait_for(self.replicas[name].check_health.remote(),
                                    self.config.ingress.readiness_timeout_s)
@@ -465,11 +469,14 @@ class Ingress:
                              f"is replacing it ({type(error).__name__})", retry_after_s)
         return error
 
+    def always_on(self, name: str) -> bool:
+        """Whether the model should always have a replica (it does not scale to zero)."""
+        return self.config.model(name).autoscaling_config.get("min_replicas", 1) >= 1
+
     def check_running(self, name: str) -> None:
         """503 `not_ready` at once for a model that should have a replica and has none
         (serve_app.availability), instead of waiting for one to start."""
-        always_on = self.config.model(name).autoscaling_config.get("min_replicas", 1) >= 1
-        if always_on and self.replica_states.running(model_deployment_name(name)) == 0:
+        if self.always_on(name) and self.replica_states.running(model_deployment_name(name)) == 0:
             raise not_ready(f"model {name!r} has no running replica: Ray Serve is starting one",
                             self.config.ingress.retry_after_s)
 

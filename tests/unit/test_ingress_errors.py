@@ -41,11 +41,16 @@ class Running:
         return self.counts.get(deployment.removeprefix("Model-"))
 
 
-def health(outcomes: dict[str, str], running: Running = Running()):
+def health(outcomes: dict[str, str], running: Running = Running(), scales_to_zero: tuple = ()):
+    def model(name: str) -> ModelConfig:
+        least = 0 if name in scales_to_zero else 1
+        return ModelConfig(name="tiny-llama", autoscaling_config={"min_replicas": least, "max_replicas": 1})
     ingress = SimpleNamespace(replicas={name: Replica(o) for name, o in outcomes.items()},
-                              config=SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1)),
+                              config=SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1),
+                                                     model=model),
                               replica_states=running)
     ingress.readiness = partial(Ingress.func_or_class.readiness, ingress)
+    ingress.always_on = partial(Ingress.func_or_class.always_on, ingress)
     response = asyncio.run(Ingress.func_or_class.health(ingress))
     return response, orjson.loads(response.body)
 
@@ -62,6 +67,13 @@ def test_a_model_without_a_running_replica_is_not_ready_without_asking_it():
     response, body = health({"lost": "hangs", "up": "passes"}, Running(lost=0, up=1))
     assert response.status_code == 503
     assert body["models"] == {"lost": "no running replica", "up": "ready"}
+
+
+def test_a_model_scaled_to_zero_is_serving_and_not_woken_by_health():
+    response, body = health({"idle": "hangs", "up": "passes"}, Running(idle=0, up=1),
+                            scales_to_zero=("idle",))
+    assert response.status_code == 200
+    assert body["models"] == {"idle": "scaled to zero", "up": "ready"}
 
 
 def test_ready_when_every_model_is():
@@ -106,6 +118,7 @@ def ingress_with(handle, running: Running) -> SimpleNamespace:
                                                      model=lambda name: MODEL),
                               replicas={MODEL.name: handle}, replica_states=running)
     ingress.refusal = partial(Ingress.func_or_class.refusal, ingress)
+    ingress.always_on = partial(Ingress.func_or_class.always_on, ingress)
     ingress.check_running = partial(Ingress.func_or_class.check_running, ingress)
     return ingress
 
