@@ -27,9 +27,12 @@ CPU_GROUP_RESOURCE = "probserve-cpu"
 MODEL_GROUP_PREFIX = "probserve-model-"
 MODELS_MOUNT = "/models"
 GIB = 1 << 30
-# Per pod, beyond what the replicas ask: Ray's raylet, agents and object store.
+# Per pod, beyond what the replicas ask: Ray's raylet and agents, and the object store (full-
+# vocabulary chunks on their way from a model replica to the pool: at most `window` chunks of
+# 16 positions x 128k x 4 bytes, 8 MB each, per response).
 RAY_OVERHEAD_CPUS = 1
-RAY_OVERHEAD_MEMORY = 4 * GIB
+RAY_PROCESSES_MEMORY = 2 * GIB
+MODEL_OBJECT_STORE = 2 * GIB
 CLUSTER = "/spec/rayClusterConfig"
 
 
@@ -45,17 +48,35 @@ def model_group_resource(options: dict) -> str | None:
     return next((name for name in options.get("resources", {}) if name.startswith(MODEL_GROUP_PREFIX)), None)
 
 
-def cpus_at(options: dict, autoscaling: dict, bound: str) -> float:
-    return options.get("num_cpus", 1) * autoscaling.get(bound, 1)
+class PodSize:
+    """A pod's CPUs, and the memory Ray lets its actors ask for: the container's limit less the
+    object store and Ray's own processes."""
+
+    def __init__(self, group: dict):
+        (container,) = group["template"]["spec"]["containers"]
+        self.cpus = float(container["resources"]["requests"]["cpu"])
+        limit = container["resources"]["limits"]["memory"]
+        if not limit.endswith("Gi"):
+            raise ValueError(f"write the pods' memory limits in Gi, not {limit}")
+        object_store = int(group["rayStartParams"]["object-store-memory"])
+        self.ray_memory = int(limit.removesuffix("Gi")) * GIB - object_store - RAY_PROCESSES_MEMORY
 
 
-def cpu_group_bounds(config: AppConfig, cpus_per_pod: float) -> tuple[int, int]:
-    """Pods the CPU group needs for the least and the most replicas of what it runs."""
-    placed = [(options, scaling) for options, scaling in config.placements()
-              if model_group_resource(options) is None]
-    least = sum(cpus_at(options, scaling, "min_replicas") for options, scaling in placed)
-    most = sum(cpus_at(options, scaling, "max_replicas") for options, scaling in placed)
-    return max(1, math.ceil(least / cpus_per_pod)), max(1, math.ceil(most / cpus_per_pod))
+def on_cpu_group(config: AppConfig) -> list[tuple[dict, dict]]:
+    """What runs on the CPU group: all but the models that have a group of their own."""
+    return [(options, scaling) for options, scaling in config.placements()
+            if model_group_resource(options) is None]
+
+
+def cpu_group_bounds(config: AppConfig, pod: PodSize) -> tuple[int, int]:
+    """Pods the CPU group needs, by CPUs and by memory, for the least and the most replicas of
+    what it runs."""
+    def pods(bound: str) -> int:
+        placed = on_cpu_group(config)
+        cpus = sum(options.get("num_cpus", 1) * scaling.get(bound, 1) for options, scaling in placed)
+        memory = sum(options.get("memory", 0) * scaling.get(bound, 1) for options, scaling in placed)
+        return max(1, math.ceil(cpus / pod.cpus), math.ceil(memory / pod.ray_memory))
+    return pods("min_replicas"), pods("max_replicas")
 
 
 def quantity(memory_bytes: int) -> str:
@@ -71,7 +92,7 @@ def model_group(model, template: dict, resource: str) -> dict:
                                       "probserve.dev/model": model.name})
     (container,) = pod["spec"]["containers"]
     cpus = math.ceil(options.get("num_cpus", 1)) + RAY_OVERHEAD_CPUS
-    memory = quantity(options.get("memory", 8 * GIB) + RAY_OVERHEAD_MEMORY)
+    memory = quantity(options.get("memory", 8 * GIB) + MODEL_OBJECT_STORE + RAY_PROCESSES_MEMORY)
     gpus = options.get("num_gpus", 0)
     container["resources"] = {"requests": {"cpu": str(cpus), "memory": memory},
                               "limits": {"cpu": str(cpus), "memory": memory}}
@@ -82,6 +103,7 @@ def model_group(model, template: dict, resource: str) -> dict:
     group.update(groupName=model.name[:63], minReplicas=scaling.get("min_replicas", 1),
                  maxReplicas=scaling.get("max_replicas", 1), replicas=scaling.get("min_replicas", 1),
                  rayStartParams={**group["rayStartParams"], "num-cpus": str(cpus - RAY_OVERHEAD_CPUS),
+                                 "object-store-memory": str(MODEL_OBJECT_STORE),
                                  "resources": json.dumps(json.dumps({resource: 1}))})
     return group
 
@@ -103,8 +125,7 @@ def overlay_patch(document: dict, base: dict) -> list[dict]:
     """The JSON patch (RFC 6902) an overlay applies to the base RayService."""
     config = AppConfig.model_validate(document["applications"][0]["args"])
     cpu_group = base["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
-    cpus_per_pod = float(cpu_group["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"])
-    least, most = cpu_group_bounds(config, cpus_per_pod)
+    least, most = cpu_group_bounds(config, PodSize(cpu_group))
     ops = [{"op": "add", "path": "/spec/serveConfigV2", "value": serve_config_v2(document)},
            {"op": "replace", "path": f"{CLUSTER}/workerGroupSpecs/0/minReplicas", "value": least},
            {"op": "replace", "path": f"{CLUSTER}/workerGroupSpecs/0/replicas", "value": least},

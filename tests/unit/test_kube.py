@@ -169,6 +169,8 @@ def test_every_model_with_a_group_has_it_sized_and_scaled_as_its_serve_config_sa
         assert group["minReplicas"] == model.autoscaling_config.get("min_replicas", 1)
         assert group["maxReplicas"] == model.autoscaling_config["max_replicas"]
         assert gpus(group) == model.ray_actor_options.get("num_gpus", 0)
+        assert kube.PodSize(group).ray_memory >= model.ray_actor_options.get("memory", 0)
+        assert float(group["rayStartParams"]["num-cpus"]) >= model.ray_actor_options.get("num_cpus", 1)
         (container,) = group["template"]["spec"]["containers"]
         assert container["readinessProbe"]["httpGet"]["path"] == f"/health?model={model.name}"
         if model.path:
@@ -184,8 +186,11 @@ def test_the_cpu_group_holds_the_ingress_and_pool_at_their_largest(overlay):
     (container,) = cpu["template"]["spec"]["containers"]
     capacity = float(container["resources"]["requests"]["cpu"]) * cpu["maxReplicas"]
     needed = sum(options.get("num_cpus", 1) * scaling.get("max_replicas", 1)
-                 for options, scaling in config.placements() if kube.model_group_resource(options) is None)
+                 for options, scaling in kube.on_cpu_group(config))
     assert needed <= capacity
+    memory = sum(options.get("memory", 0) * scaling.get("max_replicas", 1)
+                 for options, scaling in kube.on_cpu_group(config))
+    assert memory <= kube.PodSize(cpu).ray_memory * cpu["maxReplicas"]
     assert json.loads(json.loads(cpu["rayStartParams"]["resources"])) == {kube.CPU_GROUP_RESOURCE: 100}
 
 
