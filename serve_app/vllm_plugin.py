@@ -11,7 +11,10 @@
    without the key, so vLLM's own server beside it is unaffected.
 2. The full vocabulary (prompt_logprobs -1) asked with `extra_args[FULL_VOCAB] = True`: in the
    worker, the rows are gathered in token-id order instead of sorted (vLLM's top-k of the
-   whole vocabulary, 1.6 s for 1,024 positions on two cores, before anything can be sent);
+   whole vocabulary, 1.6 s for 1,024 positions on two cores, before anything can be sent):
+   the log-softmax as it is, with the prompt token's id and rank beside it, no copy and no id
+   per entry (in that order a column's id is its index: ids would double what the worker
+   builds and sends, 200 MB at 1,024 positions of SmolLM2);
    in the replica's own process only (it would break vLLM's server, which expects its
    per-entry objects), the [positions, vocab] tensors are kept as arrays, stored away in
    chunks of positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
@@ -48,8 +51,10 @@ def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_po
     def update_prompt_logprobs(self, tensors) -> None:
         if self.num_prompt_logprobs != -1:
             return per_entry(self, tensors)
-        _, logprobs, ranks, *_ = tensors  # column 0: the prompt token; then by token id
-        rows = FullVocabRows(logprobs[:, 1:].numpy(), logprobs[:, 0].numpy(), ranks.numpy().astype(np.int64))
+        token_ids, logprobs, ranks, *_ = tensors  # the prompt tokens; their rows by token id
+        logprobs, token_ids = logprobs.numpy(), token_ids.numpy()[:, 0]
+        actual = logprobs[np.arange(len(token_ids)), token_ids]
+        rows = FullVocabRows(logprobs, actual, ranks.numpy().astype(np.int64))
         parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions, store)
         if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
             parts = self.prompt_logprobs.followed_by(parts)
@@ -69,17 +74,23 @@ class LabelCount(int):
 
 
 class FullVocabCount(int):
-    """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather."""
+    """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather
+    and for the runner's buffer, which it sizes with `count + 1`."""
+
+    def __add__(self, other: int) -> "FullVocabCount":
+        return FullVocabCount(int(self) + other)
 
 
 def gather_marked_prompt_rows() -> None:
     """Labelled and full-vocabulary prompt rows, gathered as marked (items 1 and 2)."""
     import torch
+    from vllm.utils.torch_utils import PIN_MEMORY
     from vllm.v1.outputs import LogprobsTensors
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     update_states, gather_top_k = GPUModelRunner._update_states, Sampler.gather_logprobs
+    empty_cpu = LogprobsTensors.empty_cpu
 
     def marked_count(count: int, extra_args: dict) -> int:
         if extra_args.get(PROMPT_LABELS):
@@ -107,10 +118,20 @@ def gather_marked_prompt_rows() -> None:
         if isinstance(num_logprobs, LabelCount):
             labels = torch.tensor(num_logprobs.label_ids, device=logprobs.device).expand(*rows)
             return after_actual(logprobs, token_ids, labels, logprobs.gather(-1, labels))
-        if isinstance(num_logprobs, FullVocabCount):
-            every_id = torch.arange(logprobs.shape[-1], device=logprobs.device).expand(*rows)
-            return after_actual(logprobs, token_ids, every_id, logprobs)
+        if isinstance(num_logprobs, FullVocabCount):  # the rows as they are, by token id
+            actual = gather_top_k(logprobs, 0, token_ids)
+            return LogprobsTensors(actual.logprob_token_ids, logprobs, actual.selected_token_ranks)
         return gather_top_k(logprobs, num_logprobs, token_ids)
+
+    def empty_cpu_for(positions: int, columns: int) -> LogprobsTensors:
+        """The runner's buffer for a prompt's rows (`columns`: the count + 1, for the prompt
+        token's column); a full-vocabulary one holds the rows and the prompt tokens' ids."""
+        if not isinstance(columns, FullVocabCount):
+            return empty_cpu(positions, columns)
+        ids = empty_cpu(positions, 1)
+        values = ids.logprobs.new_empty((positions, int(columns) - 1), pin_memory=PIN_MEMORY)
+        return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
 
     patched(GPUModelRunner, "_update_states", update_states_marking_counts)
     patched(Sampler, "gather_logprobs", staticmethod(gather_marked))
+    patched(LogprobsTensors, "empty_cpu", staticmethod(empty_cpu_for))
