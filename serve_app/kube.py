@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from serve_app.config import AppConfig
+from serve_app.config import AppConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "k8s" / "base" / "rayservice.yaml"
@@ -83,7 +83,7 @@ def quantity(memory_bytes: int) -> str:
     return f"{math.ceil(memory_bytes / GIB)}Gi"
 
 
-def model_group(model, template: dict, resource: str) -> dict:
+def model_group(model: ModelConfig, template: dict, resource: str) -> dict:
     """A worker group of one replica per pod: the CPU group's pod, sized for the model."""
     options, scaling = model.ray_actor_options, model.autoscaling_config
     group = copy.deepcopy(template)
