@@ -76,8 +76,15 @@ def command_serve(options: argparse.Namespace) -> None:
     host = options.host or http.get("host", "127.0.0.1")
     port = options.port or http.get("port", 8000)
     started = time.monotonic()
-    url = local.start(args, host=host, port=port, metrics_port=options.metrics_port,
-                      address=options.address, proxy_location=proxy_location)
+    try:
+        url = local.start(args, host=host, port=port, metrics_port=options.metrics_port,
+                          address=options.address, proxy_location=proxy_location)
+    except ConnectionError as error:
+        if not options.address:
+            raise
+        raise SystemExit(f"cannot join the Ray cluster at {options.address}: {error}. A cluster with "
+                         "Ray's token authentication needs RAY_AUTH_MODE=token and its token "
+                         "(RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) in this command's environment") from None
     ready = f"ready in {time.monotonic() - started:.0f} s"
     if options.address:
         print(f"probserve is deployed on the Ray cluster at {options.address} and serving at {url} "

@@ -78,17 +78,29 @@ def cluster(tmp_path_factory):
     assert not any(node.processes() for node in nodes)
 
 
-def deploy(cluster: dict, port: int) -> str:
-    """`probserve serve --address`: the app onto the running cluster; returns its URL."""
+def probserve_serve(cluster: dict, port: int, env: dict) -> subprocess.CompletedProcess:
+    """`probserve serve --address`: the app onto the running cluster."""
     config = cluster["folder"] / "serve.yaml"
     config.write_text(yaml.safe_dump(serve_config(port)))
     command = [str(Path(sys.executable).parent / "probserve"), "serve", "--address", cluster["address"],
                "--config", str(config)]
-    done = subprocess.run(command, env=cluster["env"], capture_output=True, text=True,
-                          timeout=START_LIMIT_S)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=START_LIMIT_S)
+
+
+def deploy(cluster: dict, port: int) -> str:
+    """The app onto the running cluster; returns its URL."""
+    done = probserve_serve(cluster, port, cluster["env"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "deployed on the Ray cluster" in done.stdout
     return f"http://127.0.0.1:{port}"
+
+
+def test_joining_without_the_clusters_token_is_a_clear_error(cluster):
+    env = {**cluster["env"], "RAY_AUTH_TOKEN": "not-the-token"}
+    done = probserve_serve(cluster, free_port(), env)
+    assert done.returncode == 1
+    assert f"cannot join the Ray cluster at {cluster['address']}" in done.stderr
+    assert "RAY_AUTH_MODE=token" in done.stderr and "Traceback" not in done.stderr
 
 
 def check_answer(answer: dict, reference) -> None:
