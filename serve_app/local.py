@@ -2,8 +2,10 @@
 
 import math
 import os
+import secrets
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import httpx
 
@@ -33,6 +35,20 @@ def logical_resources(config: AppConfig) -> tuple[int, dict[str, int]]:
     return cpus, {name: math.ceil(amount) for name, amount in wanted.items()}
 
 
+def keep_ray_token_at_home(home: Path) -> None:
+    """Ray 2.60 turns its token authentication on for a local cluster and would keep the token
+    in ~/.ray: keep it under PROBSERVE_HOME instead (made once, readable by its owner only),
+    unless the environment names one."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    token = home / "ray" / "auth_token"
+    if not token.exists():
+        token.parent.mkdir(parents=True, exist_ok=True)
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+
+
 def prepare_embedded_models(config: AppConfig) -> None:
     for model in config.models:
         if model.path is None and model.name in BUILDERS:
@@ -60,6 +76,7 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
         home = apply_cache_environment()
         prepare_embedded_models(config)
         os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
+        keep_ray_token_at_home(home)
         cpus, resources = logical_resources(config)
         ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
                  _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
