@@ -6,6 +6,7 @@ groups agree with the code and the Serve configs."""
 import json
 import subprocess
 import sys
+import tomllib
 from functools import cache
 from pathlib import Path
 
@@ -151,6 +152,13 @@ def test_images_are_the_build_the_overlay_needs(overlay):
     images = {container["image"] for container in containers(service)}
     assert images == {f"registry.example.com/probserve:0.1.0-{build}"}
     assert (ROOT / "docker" / f"Dockerfile.{build}").exists()
+
+
+def test_the_clusters_ray_is_the_pinned_one():
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (ray,) = [pin.removeprefix("ray[serve]==") for pin in pins if pin.startswith("ray[serve]==")]
+    for overlay in OVERLAYS:
+        assert rayservice(overlay)["spec"]["rayClusterConfig"]["rayVersion"] == ray
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
