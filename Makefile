@@ -29,7 +29,7 @@ servers:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus redis-server; }
 
 test: venv servers
-	$(VENV)/bin/ruff check serve_app tests bench
+	$(VENV)/bin/ruff check probserve tests bench
 	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
 	$(PY) -m pytest tests
 

@@ -21,9 +21,9 @@ import httpx
 import psutil
 from servers import vllm_server
 
-from serve_app import local
-from serve_app.home import apply_cache_environment
-from serve_app.models import SMOLLM2, prepare
+from probserve.ops import local_ray
+from probserve.store.home import apply_cache_environment
+from probserve.store.model_store import SMOLLM2, prepare
 
 PORT = 8311
 FORMS = {"json": {"accept-encoding": "identity"}, "gzip": {"accept-encoding": "gzip"},
@@ -99,7 +99,7 @@ def measure(url: str, sizes: list[int], repeats: int, label: str, forms=tuple(FO
 def run_vllm(sizes: list[int], repeats: int) -> dict:
     server = vllm_server(PORT)
     try:
-        local.wait_healthy(f"http://127.0.0.1:{PORT}")
+        local_ray.wait_healthy(f"http://127.0.0.1:{PORT}")
         # vLLM has no binary form
         return measure(f"http://127.0.0.1:{PORT}", sizes, repeats, "vLLM server", ("json", "gzip"))
     finally:
@@ -109,12 +109,12 @@ def run_vllm(sizes: list[int], repeats: int) -> dict:
 
 def run_probserve(sizes: list[int], repeats: int, workers: int) -> dict:
     pool = {"autoscaling_config": {"min_replicas": workers, "max_replicas": workers}}
-    url = local.start({"models": [{"name": SMOLLM2}], "serializer_pool": pool}, port=PORT,
+    url = local_ray.start({"models": [{"name": SMOLLM2}], "serializer_pool": pool}, port=PORT,
                       log_to_driver=False)
     try:
         return measure(url, sizes, repeats, f"probserve, {workers} pool worker(s)")
     finally:
-        local.stop()
+        local_ray.stop()
 
 
 def main() -> None:

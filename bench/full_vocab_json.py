@@ -18,9 +18,9 @@ import zlib
 import numpy as np
 import orjson
 
-from serve_app.compression import deflate_part
-from serve_app.full_vocab import EntryFragments, chunk_json
-from serve_app.scoring import FullVocabRows, RankedRows
+from probserve.engine.wire import FullVocabRows, RankedRows
+from probserve.fullvocab.compression import deflate_part
+from probserve.fullvocab.json_rows import EntryFragments, chunk_json
 
 CHUNK_POSITIONS = 16  # the pool's default
 

@@ -24,9 +24,9 @@ import httpx
 import orjson
 from servers import vllm_server
 
-from serve_app import cli, local
-from serve_app.home import apply_cache_environment
-from serve_app.models import SMOLLM2, prepare
+from probserve.ops import cli, local_ray
+from probserve.store.home import apply_cache_environment
+from probserve.store.model_store import SMOLLM2, prepare
 
 PORT = 8312
 ECHO_IDS = list(range(1000, 1128))
@@ -160,7 +160,7 @@ def run_vllm(plan, rate, time_limit, tuned: bool) -> dict:
     print(f"vLLM's OpenAI server ({'tuned' if tuned else 'defaults'}):", flush=True)
     server = vllm_server(PORT, kv_cache_gib=1, tuned=tuned)
     try:
-        local.wait_healthy(f"http://127.0.0.1:{PORT}")
+        local_ray.wait_healthy(f"http://127.0.0.1:{PORT}")
         return measure(f"http://127.0.0.1:{PORT}", SMOLLM2, plan, rate, time_limit)
     finally:
         server.terminate()
@@ -170,11 +170,11 @@ def run_vllm(plan, rate, time_limit, tuned: bool) -> dict:
 def run_probserve(config: Path, plan, rate, time_limit) -> dict:
     print(f"probserve ({config}):", flush=True)
     args, _, _ = cli.serve_config(config)
-    url = local.start(args, port=PORT, log_to_driver=False)
+    url = local_ray.start(args, port=PORT, log_to_driver=False)
     try:
         return measure(url, SMOLLM2, plan, rate, time_limit)
     finally:
-        local.stop()
+        local_ray.stop()
 
 
 def main() -> None:

@@ -15,11 +15,11 @@ import time
 import ray
 from ray import serve
 
-from serve_app.config import ModelConfig
-from serve_app.home import apply_cache_environment
-from serve_app.models import SMOLLM2, prepare
-from serve_app.replica import ModelReplica
-from serve_app.scoring import EngineRequest
+from probserve.config import ModelConfig
+from probserve.engine.replica import ModelReplica
+from probserve.engine.wire import EngineRequest
+from probserve.store.home import apply_cache_environment
+from probserve.store.model_store import SMOLLM2, prepare
 
 CONCURRENCY = 16
 SMALL = EngineRequest(prompt_token_ids=[504, 3575, 282, 4649, 314], max_tokens=1,

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from serve_app.models import SMOLLM2, embedded_model_path
+from probserve.store.model_store import SMOLLM2, embedded_model_path
 
 
 def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True) -> subprocess.Popen:

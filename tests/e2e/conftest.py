@@ -9,8 +9,9 @@ import socket
 import httpx
 import pytest
 
-from serve_app import local
-from serve_app.models import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from probserve.ops import local_ray
+from probserve.store.model_store import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from tests.e2e.inspected_replica import INSPECTED_REPLICA
 from tests.e2e.prometheus import Prometheus
 from tests.e2e.reference import Reference
 
@@ -65,9 +66,10 @@ def base_url(metrics_port):
     # that the metrics tests wait less for what they sent to show (every second costs the
     # tenancy test's flood measurable CPU).
     os.environ["RAY_metrics_report_interval_ms"] = "2000"
-    url = local.start(CONFIG, port=free_port(), log_to_driver=False, metrics_port=metrics_port)
+    url = local_ray.start(CONFIG, port=free_port(), log_to_driver=False, metrics_port=metrics_port,
+                          replica=INSPECTED_REPLICA)
     yield url
-    local.stop()
+    local_ray.stop()
 
 
 @pytest.fixture(scope="session")

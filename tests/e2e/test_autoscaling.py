@@ -10,9 +10,9 @@ import httpx
 import pytest
 from ray import serve
 
-from serve_app import cli
-from serve_app.app import build_app, model_deployment_name
-from serve_app.models import TINY
+from probserve.ops import cli
+from probserve.ops.app import build_app, model_deployment_name
+from probserve.store.model_store import TINY
 
 CONFIG = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
 APP, PREFIX = "autoscaling", "/autoscaling"

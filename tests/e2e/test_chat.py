@@ -41,7 +41,7 @@ def test_logprobs_of_generated_tokens_match_the_reference(http, reference, top):
     assert choice["message"] == {"role": "assistant", "content": reference.tokenizer.decode(
         generated, skip_special_tokens=True)}
     rows = reference.log_softmax(ids + generated)[len(ids) - 1:-1]
-    for row, token_id, entry in zip(rows, generated, entries):
+    for row, token_id, entry in zip(rows, generated, entries, strict=True):
         assert entry["logprob"] == pytest.approx(row[token_id], abs=TOLERANCE)
         assert len(entry["top_logprobs"]) == top
         np.testing.assert_allclose([e["logprob"] for e in entry["top_logprobs"]],

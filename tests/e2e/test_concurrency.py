@@ -49,8 +49,7 @@ def close(expected, got, tolerance: float = 1e-4) -> bool:
     if isinstance(expected, float) and isinstance(got, float):
         return abs(expected - got) <= tolerance
     if isinstance(expected, dict) and isinstance(got, dict):
-        common = expected.keys() & got.keys()
-        return len(expected) == len(got) and all(close(expected[k], got[k]) for k in common)
+        return expected.keys() == got.keys() and all(close(expected[k], got[k]) for k in expected)
     if isinstance(expected, list) and isinstance(got, list):
         return len(expected) == len(got) and all(map(close, expected, got))
     return expected == got
@@ -61,7 +60,7 @@ def test_concurrent_mixed_requests(base_url):
     alone = [comparable(*post(base_url, body)) for body in bodies]
     with ThreadPoolExecutor(max_workers=len(bodies)) as pool:
         together = list(pool.map(lambda body: comparable(*post(base_url, body)), bodies * 2))
-    for index, (expected, got) in enumerate(zip(alone * 2, together)):
+    for index, (expected, got) in enumerate(zip(alone * 2, together, strict=True)):
         assert close(expected, got), bodies[index % len(bodies)]
 
 
@@ -87,7 +86,7 @@ def test_a_request_among_fifty_others_gets_its_numbers_alone(base_url, capsys):
     assert status == 200
     expected, got = logprob_values(alone), logprob_values(together)
     assert len(expected) == len(got)
-    difference = max(abs(a - b) for a, b in zip(expected, got))
+    difference = max(abs(a - b) for a, b in zip(expected, got, strict=True))
     assert difference <= 1e-4
     with capsys.disabled():
         print(f"\nalone vs among 50: {len(expected)} logprobs, largest difference {difference:.2e}")

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 from ray import serve
 
-from serve_app.app import model_deployment_name
-from serve_app.local import APP_NAME
+from probserve.ops.app import model_deployment_name
+from probserve.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
 
 

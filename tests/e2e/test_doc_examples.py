@@ -1,5 +1,6 @@
 """Every example of docs/api.md, run as written (curl and the openai SDK) against the test
-service's copy of the embedded default model: only the base URL changes."""
+service's copy of the embedded default model, only the base URL changed, and what it prints
+compared with what the document shows it printing (the block right after it)."""
 
 import pathlib
 import re
@@ -8,20 +9,40 @@ import sys
 
 import pytest
 
+from tests.e2e.shown_output import mismatch
+
 DOC = pathlib.Path(__file__).parents[2] / "docs" / "api.md"
 DOC_URL = "http://127.0.0.1:8000"
-EXAMPLES = re.findall(r"```(sh|python)\n(.*?)```", DOC.read_text(), re.DOTALL)
+# An example, then (blank lines between) the block of what it prints.
+EXAMPLES = re.findall(r"```(sh|python)\n(.*?)```\s*```(?:output|json)\n(.*?)```", DOC.read_text(),
+                      re.DOTALL)
 
 
-def test_every_section_has_examples():
-    assert sum(kind == "sh" for kind, _ in EXAMPLES) >= 10
-    assert sum(kind == "python" for kind, _ in EXAMPLES) >= 10
+def test_every_example_shows_what_it_prints():
+    runnable = re.findall(r"```(?:sh|python)\n", DOC.read_text())
+    assert len(EXAMPLES) == len(runnable)
+    assert sum(kind == "sh" for kind, _, _ in EXAMPLES) >= 10
+    assert sum(kind == "python" for kind, _, _ in EXAMPLES) >= 10
 
 
-@pytest.mark.parametrize("kind, code", EXAMPLES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(EXAMPLES)])
-def test_example_runs(base_url, tmp_path, kind, code):
+@pytest.mark.parametrize("shown, printed, problem", [
+    ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.25813,"rank":1}', None),
+    ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.26013,"rank":1}', "number 1"),
+    ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.25813,"rank":2}', "number 2"),
+    ('{"id": "...", "text": " Paris"}', '{"id":"cmpl-1f3","text":" Paris"}', None),
+    ('{"id": "...", "text": " Paris"}', '{"id":"cmpl-1f3","text":" Rome"}', "the text differs"),
+])
+def test_shown_output_is_compared_to_the_digits_shown(shown, printed, problem):
+    found = mismatch(shown, printed)
+    assert found == problem or (problem and found.startswith(problem))
+
+
+@pytest.mark.parametrize("kind, code, shown", EXAMPLES,
+                         ids=[f"{kind}-{i}" for i, (kind, _, _) in enumerate(EXAMPLES)])
+def test_example_prints_what_the_document_shows(base_url, tmp_path, kind, code, shown):
     code = code.replace(DOC_URL, base_url)
     command = ["bash", "-eo", "pipefail", "-c", code] if kind == "sh" else [sys.executable, "-c", code]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() and '"error":' not in done.stdout, done.stdout[:2000]
+    problem = mismatch(shown, done.stdout)
+    assert problem is None, f"{problem}\nshown:\n{shown}\nprinted:\n{done.stdout[:3000]}"

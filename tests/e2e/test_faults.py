@@ -10,8 +10,8 @@ import httpx
 import psutil
 from ray import serve
 
-from serve_app.app import model_deployment_name
-from serve_app.local import APP_NAME
+from probserve.ops.app import model_deployment_name
+from probserve.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL, SMALL_QUEUE_MODEL
 
 RECOVERY_LIMIT_S = 240
@@ -49,7 +49,9 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     sender = threading.Thread(target=lambda: in_flight.update(
         response=httpx.post(f"{base_url}/v1/completions", json=long, timeout=120)))
     sender.start()
+    sent = time.monotonic()
     while replica().unfinished_requests.remote().result() == 0:
+        assert time.monotonic() - sent < 60, "the long request never reached the engine"
         time.sleep(0.05)
     killed = time.monotonic()
     engine_core().send_signal(signal.SIGKILL)
@@ -69,6 +71,7 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     ids = reference.tokenizer.encode(greedy["prompt"])
     assert answer.json()["choices"][0]["logprobs"]["token_ids"] == reference.greedy(ids, 4)
     while http.get("/health").status_code != 200:
+        assert time.monotonic() - killed < 2 * RECOVERY_LIMIT_S, "answering, yet never healthy"
         time.sleep(0.5)
     with capsys.disabled():
         print(f"\nengine killed: answering again after {recovered:.1f} s, healthy after "

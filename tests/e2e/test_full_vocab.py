@@ -61,7 +61,7 @@ def test_batch_n_and_echo_share_the_arrays(http, reference):
     _, raw = full_vocab(http, [TEXT, "x = 1"], echo=True, logprobs=2, n=2, temperature=0)
     choices = orjson.loads(gzip.decompress(raw))["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
-    for choice, prompt in zip(choices, [TEXT, TEXT, "x = 1", "x = 1"]):
+    for choice, prompt in zip(choices, [TEXT, TEXT, "x = 1", "x = 1"], strict=True):
         ids = reference.tokenizer.encode(prompt)
         rows = reference.prompt_rows(ids)
         assert len(choice["prompt_logprobs"]) == len(ids)

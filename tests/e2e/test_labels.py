@@ -43,7 +43,7 @@ def test_generated_positions_whatever_the_rank(complete, reference):
                         logprob_token_ids=labels)["choices"][0]["logprobs"]
     generated = logprobs["token_ids"]
     rows = reference.log_softmax(ids + generated)[len(ids) - 1:-1]
-    for row, token_id, top in zip(rows, generated, logprobs["top_logprobs"]):
+    for row, token_id, top in zip(rows, generated, logprobs["top_logprobs"], strict=True):
         assert_top(top, expected_top(reference, row, labels, token_id))
 
 
@@ -65,7 +65,7 @@ def test_classify_a_batch_by_next_token(complete, reference):
     row = reference.log_softmax(reference.tokenizer.encode(texts[0]))[-1]
     labels = labels_by_rank(reference, row, [3, 30])
     body = complete(prompt=texts, max_tokens=1, temperature=0, logprob_token_ids=labels)
-    for text, choice in zip(texts, body["choices"]):
+    for text, choice in zip(texts, body["choices"], strict=True):
         row = reference.log_softmax(reference.tokenizer.encode(text))[-1]
         top = choice["logprobs"]["top_logprobs"][0]
         for label in labels:

@@ -10,8 +10,8 @@ import time
 import httpx
 import pytest
 
-from serve_app.dashboard import PANELS, dashboard_text
-from serve_app.metrics import METRICS
+from probserve.observe.metrics import METRICS
+from probserve.ops.dashboard import PANELS, dashboard_text
 from tests.e2e.conftest import MODEL
 from tests.e2e.prometheus import GRAFANA
 
@@ -154,7 +154,7 @@ def test_every_defined_metric_is_exported(exported):
 
 def test_the_committed_dashboard_is_the_generated_one():
     assert (GRAFANA / "probserve.json").read_bytes() == dashboard_text(), \
-        "run: .venv/bin/python -m serve_app.dashboard"
+        "run: .venv/bin/python -m probserve.ops.dashboard"
 
 
 def test_alert_rules_are_valid_and_their_tests_pass():

@@ -6,8 +6,8 @@ import uuid
 
 import orjson
 
-from serve_app.home import probserve_home
-from serve_app.telemetry import well_formed_request_id
+from probserve.observe.request_log import well_formed_request_id
+from probserve.store.home import probserve_home
 from tests.e2e.conftest import MODEL
 
 LOG_WAIT_S = 20

@@ -11,8 +11,8 @@ import httpx
 import orjson
 import psutil
 
-from serve_app.local import APP_NAME
-from serve_app.models import SMOLLM2
+from probserve.ops.local_ray import APP_NAME
+from probserve.store.model_store import SMOLLM2
 from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL
 from tests.e2e.test_overload import service_memory
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from serve_app.models import embedded_model_path
+from probserve.store.model_store import embedded_model_path
 from tests.e2e.conftest import MODEL
 from tests.e2e.reference import TOLERANCE
 

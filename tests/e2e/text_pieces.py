@@ -1,4 +1,4 @@
-"""The documented rules of `tokens` and `text_offset` (docs/api.md, serve_app/token_text.py),
+"""The documented rules of `tokens` and `text_offset` (docs/api.md, probserve/text/pieces.py),
 checked on a response: the pieces partition the text exactly."""
 
 SAMPLES = {
@@ -16,7 +16,7 @@ def assert_pieces(text: str, tokens: list[str], offsets: list[int], token_ids: l
     assert len(tokens) == len(offsets) == len(token_ids)
     ends = offsets[1:] + [len(text)]
     joined = ""
-    for token, token_id, start, end in zip(tokens, token_ids, offsets, ends):
+    for token, token_id, start, end in zip(tokens, token_ids, offsets, ends, strict=True):
         assert start <= end, (tokens, offsets)
         if token_id in special_ids and text[start:end] != token:
             assert start == end and token == names[token_id], (token, start, end)

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from serve_app.scoring import FullVocabParts, FullVocabRows, PositionLogprobs
-from serve_app.vocabulary import Vocabulary
+from probserve.engine.wire import FullVocabParts, FullVocabRows, PositionLogprobs
+from probserve.text.vocabulary import Vocabulary
 
 
 def char_vocabulary(alphabet: str, specials: tuple[str, ...] = (),

@@ -1,9 +1,9 @@
 import pytest
 
-from serve_app import admission
-from serve_app.config import Capabilities, IngressConfig
-from serve_app.errors import APIError
-from serve_app.protocol import CompletionRequest, parse_request
+from probserve.api import admission
+from probserve.api.request_models import CompletionRequest, parse_request
+from probserve.config import Capabilities, IngressConfig
+from probserve.errors import APIError
 from tests.unit.fakes import char_vocabulary
 
 VOCAB = char_vocabulary("abcdé€ xyz")

@@ -1,7 +1,7 @@
 import asyncio
 from types import SimpleNamespace
 
-from serve_app.availability import ReplicaStates, running_replicas
+from probserve.observe.availability import ReplicaStates, running_replicas
 
 
 def status(app: str, **replicas: dict) -> SimpleNamespace:

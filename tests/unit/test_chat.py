@@ -2,11 +2,11 @@ import numpy as np
 import orjson
 import pytest
 
-from serve_app import admission, chat, tokenizer
-from serve_app.errors import APIError
-from serve_app.protocol import ChatRequest, DetokenizeRequest, TokenizeRequest, parse_request
-from serve_app.scoring import Completion, EngineResult
-from serve_app.streaming import ChatStream
+from probserve.api import admission, chat, tokenize
+from probserve.api.request_models import ChatRequest, DetokenizeRequest, TokenizeRequest, parse_request
+from probserve.api.streaming import ChatStream
+from probserve.engine.wire import Completion, EngineResult
+from probserve.errors import APIError
 from tests.unit.fakes import char_vocabulary, positions
 from tests.unit.test_admission import CAPS, INGRESS
 
@@ -99,10 +99,10 @@ def test_a_stream_sends_the_role_first_and_the_pieces_in_order():
 def test_tokenize_a_prompt_or_messages():
     def parse(kind, **body):
         return parse_request(kind, {"model": "m", **body}, {})
-    assert tokenizer.tokenize(parse(TokenizeRequest, prompt="abc"), VOCAB) == [0, 1, 2]
-    rendered = tokenizer.tokenize(parse(TokenizeRequest, messages=MESSAGES), VOCAB)
+    assert tokenize.tokenize(parse(TokenizeRequest, prompt="abc"), VOCAB) == [0, 1, 2]
+    rendered = tokenize.tokenize(parse(TokenizeRequest, messages=MESSAGES), VOCAB)
     assert rendered == admission.chat_prompt(chat_request(), VOCAB).token_ids
-    assert tokenizer.detokenize(parse(DetokenizeRequest, tokens=[4, 5, END]), VOCAB) == "é€<end>"
+    assert tokenize.detokenize(parse(DetokenizeRequest, tokens=[4, 5, END]), VOCAB) == "é€<end>"
     for body in ({}, {"prompt": "a", "messages": MESSAGES}):
         with pytest.raises(APIError):
-            tokenizer.tokenize(parse(TokenizeRequest, **body), VOCAB)
+            tokenize.tokenize(parse(TokenizeRequest, **body), VOCAB)

@@ -2,9 +2,10 @@ import numpy as np
 import orjson
 import pytest
 
-from serve_app import admission, completions
-from serve_app.full_vocab import EntryFragments
-from serve_app.scoring import Completion, EngineResult
+from probserve.api import admission, completions
+from probserve.engine.wire import Completion, EngineResult
+from probserve.fullvocab.json_rows import EntryFragments
+from probserve.fullvocab.response import choice_arrays, json_parts
 from tests.unit.fakes import full_vocab_parts, positions
 from tests.unit.test_admission import CAPS, VOCAB, admit
 from tests.unit.test_relay import relayed
@@ -100,7 +101,7 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
         results.append(EngineResult(np.array(prompt.token_ids, np.int32), None, [GENERATED],
                                     full_vocab_parts(logprobs, prompt.token_ids, k=1, chunk_positions=1)))
     response = completions.completion_response("m", prompts, results, body, VOCAB)
-    parts = completions.body_parts(response, results)
+    parts = json_parts(response, choice_arrays(results, body.n))
     parsed = orjson.loads(relayed(parts, EntryFragments(VOCAB.strings), gzip=False))
     assert len(parsed["choices"]) == 4
     first, third = parsed["choices"][0], parsed["choices"][2]
@@ -111,6 +112,16 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
     # echo's logprobs come from the same arrays: 'b' ranks second, the top-1 is 'a'
     assert first["logprobs"]["token_logprobs"][:3] == [None, -2.0, -3.0]
     assert first["logprobs"]["top_logprobs"][1] == {"a": -1.0, "b": -2.0}
+    # the fields in the order of every other response, prompt_logprobs last in each choice
+    assert list(parsed) == ["id", "object", "created", "model", "choices", "usage"]
+    assert list(first) == ["index", "text", "logprobs", "finish_reason", "prompt_logprobs"]
+    assert parsed["usage"] == response["usage"] and parsed["id"] == response["id"]
+
+
+def test_full_vocab_parts_join_around_the_arrays():
+    parts = list(json_parts({"choices": [{"index": 0}, {"index": 1}]}, [["A"], ["B", "C"]]))
+    assert parts == [b'{"choices":[{"index":0,"prompt_logprobs":[null', ["A"],
+                     b']},{"index":1,"prompt_logprobs":[null', ["B", "C"], b"]}]}"]
 
 
 @pytest.mark.parametrize("temperature", [0, 1e-6])

@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from serve_app.compression import GzipJoiner, accepts_gzip, deflate_part
+from probserve.fullvocab.compression import GzipJoiner, accepts_gzip, deflate_part
 
 
 @pytest.mark.parametrize("header, accepted", [

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.app import build_app
-from serve_app.cli import serve_config
-from serve_app.config import AppConfig, model_deployment_name
-from serve_app.local import logical_resources
+from probserve.config import AppConfig, model_deployment_name
+from probserve.ops.app import build_app
+from probserve.ops.cli import serve_config
+from probserve.ops.local_ray import logical_resources
 
 FILES = sorted(Path(__file__).resolve().parents[2].glob("deployments/*.yaml"))
 

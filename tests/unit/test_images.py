@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.local import METRICS_PORT, PROXY_CALLBACK
+from probserve.ops.local_ray import METRICS_PORT, PROXY_CALLBACK
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install.sh"

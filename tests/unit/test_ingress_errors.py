@@ -1,4 +1,5 @@
-"""The two error rows a healthy service cannot show over HTTP: the handlers themselves."""
+"""The error rows a healthy service cannot show over HTTP: the handlers, the replica client
+and the full-vocabulary slots themselves."""
 
 import asyncio
 from functools import partial
@@ -10,11 +11,15 @@ from ray.exceptions import ActorDiedError
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from serve_app.config import IngressConfig, ModelConfig
-from serve_app.errors import APIError
-from serve_app.ingress import Ingress, internal_error
-from serve_app.scoring import EngineRequest
-from serve_app.telemetry import RequestRecord
+from probserve.config import IngressConfig, ModelConfig
+from probserve.engine.wire import EngineRequest
+from probserve.errors import APIError
+from probserve.front import full_vocab
+from probserve.front.full_vocab import FullVocabResponses
+from probserve.front.http import install_error_handlers
+from probserve.front.ingress import Ingress
+from probserve.front.replica_client import ReplicaClient
+from probserve.observe.request_log import RequestRecord
 
 
 class Replica:
@@ -32,7 +37,7 @@ class Replica:
 
 
 class Running:
-    """Replica counts as serve_app.availability knows them, set by the test."""
+    """Replica counts as probserve.observe.availability knows them, set by the test."""
 
     def __init__(self, **counts: int):
         self.counts = counts
@@ -45,12 +50,10 @@ def health(outcomes: dict[str, str], running: Running = Running(), scales_to_zer
     def model(name: str) -> ModelConfig:
         least = 0 if name in scales_to_zero else 1
         return ModelConfig(name="tiny-llama", autoscaling_config={"min_replicas": least, "max_replicas": 1})
-    ingress = SimpleNamespace(replicas={name: Replica(o) for name, o in outcomes.items()},
-                              config=SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1),
-                                                     model=model),
-                              replica_states=running)
-    ingress.readiness = partial(Ingress.func_or_class.readiness, ingress)
-    ingress.always_on = partial(Ingress.func_or_class.always_on, ingress)
+    config = SimpleNamespace(ingress=IngressConfig(readiness_timeout_s=0.1), model=model,
+                             models=[SimpleNamespace(name=name) for name in outcomes])
+    replicas = {name: Replica(o) for name, o in outcomes.items()}
+    ingress = SimpleNamespace(config=config, engines=ReplicaClient(config, replicas, running))
     response = asyncio.run(Ingress.func_or_class.health(ingress))
     return response, orjson.loads(response.body)
 
@@ -83,8 +86,11 @@ def test_ready_when_every_model_is():
 
 
 def test_internal_error_is_an_envelope():
+    app = SimpleNamespace(handlers={})
+    app.exception_handler = lambda kind: lambda handler: app.handlers.setdefault(kind, handler)
+    install_error_handlers(app)
     request = Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": []})
-    response = asyncio.run(internal_error(request, ValueError("boom")))
+    response = asyncio.run(app.handlers[Exception](request, ValueError("boom")))
     assert response.status_code == 500
     assert orjson.loads(response.body)["error"]["code"] == "internal_error"
 
@@ -113,14 +119,9 @@ REQUEST = EngineRequest(prompt_token_ids=[1], max_tokens=1, temperature=0.0, top
 QUEUE_FULL = BackPressureError(num_queued_requests=3, max_queued_requests=3)
 
 
-def ingress_with(handle, running: Running) -> SimpleNamespace:
-    ingress = SimpleNamespace(config=SimpleNamespace(ingress=IngressConfig(retry_after_s=2),
-                                                     model=lambda name: MODEL),
-                              replicas={MODEL.name: handle}, replica_states=running)
-    ingress.refusal = partial(Ingress.func_or_class.refusal, ingress)
-    ingress.always_on = partial(Ingress.func_or_class.always_on, ingress)
-    ingress.check_running = partial(Ingress.func_or_class.check_running, ingress)
-    return ingress
+def client_with(handle, running: Running) -> ReplicaClient:
+    config = SimpleNamespace(ingress=IngressConfig(retry_after_s=2), model=lambda name: MODEL)
+    return ReplicaClient(config, {MODEL.name: handle}, running)
 
 
 def collect(handle, running: Running = Running()) -> list[bytes]:
@@ -128,8 +129,7 @@ def collect(handle, running: Running = Running()) -> list[bytes]:
 
     async def run():
         record = RequestRecord(request_id="r", method="POST")
-        events = Ingress.func_or_class.events(ingress_with(handle, running), MODEL.name, [REQUEST],
-                                              record, stream_for())
+        events = client_with(handle, running).events(MODEL.name, [REQUEST], record, stream_for())
         return [chunk async for chunk in events]
     return asyncio.run(run())
 
@@ -187,9 +187,9 @@ def test_a_generation_waiting_for_a_lost_model_is_refused():
             await asyncio.sleep(60)
 
     running = Running(**{MODEL.name: 1})
-    ingress = ingress_with(SimpleNamespace(generate=Waiting()), running)
+    client = client_with(SimpleNamespace(generate=Waiting()), running)
     with pytest.raises(APIError) as caught:
-        asyncio.run(Ingress.func_or_class.generate(ingress, MODEL.name, [REQUEST]))
+        asyncio.run(client.generate(MODEL.name, [REQUEST]))
     assert (caught.value.status, caught.value.code) == (503, "not_ready")
 
 
@@ -203,36 +203,38 @@ class Count:
         self.value += by
 
 
-def slot_holder(**limits) -> SimpleNamespace:
-    config = IngressConfig(max_full_vocab_requests=1, **limits)
-    ingress = SimpleNamespace(config=SimpleNamespace(ingress=config),
-                              full_vocab_slots=asyncio.Semaphore(1), waiting=Count())
-    ingress.slot = partial(Ingress.func_or_class.full_vocab_slot, ingress)
-    return ingress
+def slot_holder(monkeypatch, **limits) -> FullVocabResponses:
+    monkeypatch.setattr(full_vocab, "HeldGauge", lambda name: Count())
+    config = SimpleNamespace(ingress=IngressConfig(max_full_vocab_requests=1, **limits),
+                             serializer_pool=SimpleNamespace(window=4))
+    return FullVocabResponses(config, serializers=None)
 
 
-def test_a_full_vocab_request_waits_for_a_slot_at_most_the_configured_time():
+def test_a_full_vocab_request_waits_for_a_slot_at_most_the_configured_time(monkeypatch):
     async def run():
-        ingress = slot_holder(full_vocab_wait_s=0.05, max_full_vocab_waiting=4)
-        await ingress.slot()
+        responses = slot_holder(monkeypatch, full_vocab_wait_s=0.05, max_full_vocab_waiting=4)
+        release = await responses.slot()
         with pytest.raises(APIError) as caught:
-            await ingress.slot()
+            await responses.slot()
         assert (caught.value.status, caught.value.code) == (503, "overloaded")
-        assert ingress.waiting.value == 0
-        ingress.full_vocab_slots.release()
-        await ingress.slot()  # free again
+        assert responses.slots.waiting == 0
+        release()
+        release()  # a second release frees nothing more
+        await responses.slot()  # free again
+        assert responses.slots.places.locked()
     asyncio.run(run())
 
 
-def test_beyond_the_waiters_bound_a_request_is_refused_at_once():
+def test_beyond_the_waiters_bound_a_request_is_refused_at_once(monkeypatch):
     async def run():
-        ingress = slot_holder(full_vocab_wait_s=30, max_full_vocab_waiting=1)
-        await ingress.slot()
-        waiter = asyncio.create_task(ingress.slot())
+        responses = slot_holder(monkeypatch, full_vocab_wait_s=30, max_full_vocab_waiting=1)
+        release = await responses.slot()
+        waiter = asyncio.create_task(responses.slot())
         await asyncio.sleep(0)
         with pytest.raises(APIError) as caught:
-            await asyncio.wait_for(ingress.slot(), 1)  # not the 30 s wait
+            await asyncio.wait_for(responses.slot(), 1)  # not the 30 s wait
         assert caught.value.code == "overloaded"
-        ingress.full_vocab_slots.release()
+        assert "all 1 full-vocabulary slots" in caught.value.message
+        release()
         await waiter
     asyncio.run(run())

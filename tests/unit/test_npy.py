@@ -5,8 +5,8 @@ import io
 import numpy as np
 import pytest
 
-from serve_app import npy
-from serve_app.scoring import EngineResult
+from probserve.engine.wire import EngineResult
+from probserve.fullvocab import npy
 from tests.unit.fakes import full_vocab_parts
 
 

@@ -7,10 +7,10 @@ import gzip
 import orjson
 import pytest
 
-from serve_app.compression import deflate_part
-from serve_app.full_vocab import EntryFragments, chunk_json
-from serve_app.relay import full_vocab_body, in_order
-from tests.unit.test_full_vocab import TOKENS, rows_of
+from probserve.fullvocab.compression import deflate_part
+from probserve.fullvocab.json_rows import EntryFragments, chunk_json
+from probserve.fullvocab.relay import full_vocab_body, in_order
+from tests.unit.test_json_rows import TOKENS, rows_of
 
 
 def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> bytes:

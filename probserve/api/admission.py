@@ -1,0 +1,312 @@
+"""Admission for /v1/completions and /v1/chat/completions: a parsed request and a model's
+capabilities in, the checked, tokenized prompts and the engine requests out. Every refusal
+happens here, before any replica. The two endpoints share every check on the fields they share.
+"""
+
+from dataclasses import dataclass
+
+from probserve.api.request_models import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    chat_rules,
+    completion_rules,
+    field_error,
+)
+from probserve.config import Capabilities, IngressConfig
+from probserve.engine.wire import EngineRequest
+from probserve.errors import invalid
+from probserve.text.pieces import Pieces, id_prompt_pieces
+from probserve.text.vocabulary import Vocabulary
+from probserve.vllm_constants import SAMPLING_EPS
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check: its prompts, what to ask the engine for each, and
+    what it will cost."""
+
+    prompts: list["PromptInput"]
+    engine_requests: list[EngineRequest]
+    scored_tokens: int = 0  # prompt tokens whose logprobs it asks for
+    full_vocab_positions: int = 0  # rows of the full vocabulary it asks for
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p.token_ids) for p in self.prompts)
+
+
+def admit_completion(request: CompletionRequest, caps: Capabilities, ingress: IngressConfig,
+                     vocab: Vocabulary) -> Admitted:
+    """/v1/completions: every check, then the prompts tokenized and their engine requests."""
+    check_completion(request, caps, ingress, vocab)
+    bias = logit_bias(request, vocab.logits_size)
+    prompts = prompt_inputs(request.prompt, vocab, ingress.max_batch_prompts)
+    check_prompts(prompts, request, caps)
+    lengths = [len(p.token_ids) for p in prompts]
+    full_vocab = request.prompt_logprobs == -1
+    return Admitted(prompts, [engine_request(p, request, caps, bias) for p in prompts],
+                    scored_tokens=sum(scored_prompt_tokens(request, length) for length in lengths),
+                    full_vocab_positions=sum(length - 1 for length in lengths) if full_vocab else 0)
+
+
+def admit_chat(request: ChatRequest, caps: Capabilities, ingress: IngressConfig,
+               vocab: Vocabulary) -> Admitted:
+    """/v1/chat/completions: every check, then the messages rendered and their engine request."""
+    check_chat(request, caps, ingress, vocab)
+    bias = logit_bias(request, vocab.logits_size)
+    prompt = chat_prompt(request, vocab)
+    check_prompts([prompt], request, caps, "messages")
+    return Admitted([prompt], [engine_request(prompt, request, caps, bias)])
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    token_ids: list[int]
+    text: str
+    # A string prompt: each token's (start, end) in `text`; None for token ids.
+    spans: list[tuple[int, int]] | None = None
+    # Token ids: each token's piece of `text`, made while decoding it.
+    pieces: Pieces | None = None
+
+
+def prompt_inputs(prompt: str | list, vocab: Vocabulary, max_batch_prompts: int) -> list[PromptInput]:
+    """One PromptInput per prompt of the request, tokenized or decoded."""
+    single = isinstance(prompt, str) or isinstance(prompt[0], int)
+    items = [prompt] if single else prompt
+    if len(items) > max_batch_prompts:
+        raise invalid("prompt", f"a batch holds at most {max_batch_prompts} prompts, "
+                      f"got {len(items)}", "batch_too_large")
+    return [to_prompt_input(item, index, vocab) for index, item in enumerate(items)]
+
+
+def to_prompt_input(item: str | list[int], index: int, vocab: Vocabulary) -> PromptInput:
+    if isinstance(item, str):
+        token_ids, spans = vocab.encode(item)
+        return PromptInput(token_ids, item, spans)
+    check_token_ids(item, vocab, "prompt", f"in {prompt_name(index)}")
+    pieces = id_prompt_pieces(item, vocab)
+    return PromptInput(list(item), "".join(pieces.tokens), pieces=pieces)
+
+
+def check_token_ids(token_ids: list[int], vocab: Vocabulary, param: str, where: str) -> None:
+    outside = next((t for t in token_ids if t >= vocab.size), None)
+    if outside is not None:
+        raise invalid(param, f"token id {outside} {where} is outside the vocabulary "
+                      f"(0 to {vocab.size - 1})", "invalid_token_id")
+
+
+def chat_prompt(request: ChatRequest, vocab: Vocabulary) -> PromptInput:
+    """The messages rendered with the model's own chat template, as transformers'
+    `apply_chat_template(messages, add_generation_prompt=True)` tokenizes them."""
+    return render_chat(request.messages, vocab, add_generation_prompt=True)
+
+
+def render_chat(messages: list, vocab: Vocabulary, add_generation_prompt: bool) -> PromptInput:
+    if not vocab.chat_template:
+        raise invalid("model", "this model has no chat template, so messages cannot be "
+                      "rendered: send a prompt to /v1/completions instead", "no_chat_template")
+    plain = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+             for m in messages]
+    text = vocab.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
+                                               tokenize=False)
+    # The template writes the special tokens itself (BOS included): add none.
+    token_ids, spans = vocab.encode(text, add_special_tokens=False)
+    return PromptInput(token_ids, text, spans)
+
+
+def prompt_name(index: int) -> str:
+    return f"prompt {index}" if index else "the prompt"
+
+
+def span_start(request: CompletionRequest) -> int | None:
+    """First prompt position whose logprobs go into `choices[i].logprobs`, or None."""
+    if request.logprob_start_len is not None:
+        return request.logprob_start_len
+    return 0 if request.echo and request.top_k() is not None else None
+
+
+def rules(caps: Capabilities | None, ingress: IngressConfig, chat: bool = False) -> dict[str, str]:
+    """The field rules of an endpoint for a model (None: the model is not known yet)."""
+    write = chat_rules if chat else completion_rules
+    if caps is None:
+        return write("capabilities.max_logprobs", ingress.max_n, "capabilities.max_logprob_token_ids")
+    return write(caps.max_logprobs, ingress.max_n, caps.max_logprob_token_ids)
+
+
+def check_sampling(request: SamplingRequest, caps: Capabilities, ingress: IngressConfig,
+                   vocab: Vocabulary, allowed: dict[str, str]) -> None:
+    """The checks on the fields both endpoints share."""
+    if request.n > ingress.max_n:
+        raise field_error("n", allowed, request.n)
+    if request.stream_options is not None and not request.stream:
+        raise invalid("stream_options", "stream_options needs stream: true", "invalid_combination")
+    labels = request.logprob_token_ids
+    if labels is not None:
+        if len(labels) > caps.max_logprob_token_ids or len(set(labels)) != len(labels):
+            raise field_error("logprob_token_ids", allowed, labels)
+        check_token_ids(labels, vocab, "logprob_token_ids", "in logprob_token_ids")
+
+
+def check_completion(request: CompletionRequest, caps: Capabilities, ingress: IngressConfig,
+                     vocab: Vocabulary) -> None:
+    """The checks that need the model's capabilities but not the prompt's tokens."""
+    allowed = rules(caps, ingress)
+    check_sampling(request, caps, ingress, vocab, allowed)
+    if request.logprobs is not None and request.logprobs > caps.max_logprobs:
+        raise field_error("logprobs", allowed, request.logprobs)
+    if request.prompt_logprobs is not None and request.prompt_logprobs > caps.max_logprobs:
+        raise field_error("prompt_logprobs", allowed, request.prompt_logprobs)
+    check_labels_alone(request, {"logprobs": request.logprobs,
+                                 "prompt_logprobs": request.prompt_logprobs is not None})
+    check_streaming(request)
+    if request.best_of not in (None, request.n):
+        raise invalid("best_of", f"best_of must be absent or equal to n ({request.n}), got "
+                      f"{request.best_of}: choosing the best of several samples is not supported",
+                      "unsupported_parameter")
+    if request.suffix:
+        raise invalid("suffix", "suffix must be absent or empty: insertion is not supported",
+                      "unsupported_parameter")
+
+
+def check_chat(request: ChatRequest, caps: Capabilities, ingress: IngressConfig,
+               vocab: Vocabulary) -> None:
+    allowed = rules(caps, ingress, chat=True)
+    check_sampling(request, caps, ingress, vocab, allowed)
+    if request.top_logprobs is not None and request.top_logprobs > caps.max_logprobs:
+        raise field_error("top_logprobs", allowed, request.top_logprobs)
+    check_labels_alone(request, {"top_logprobs": request.top_logprobs})
+    both = (request.max_tokens, request.max_completion_tokens)
+    if None not in both and both[0] != both[1]:
+        raise invalid("max_completion_tokens", f"max_tokens ({both[0]}) and max_completion_tokens "
+                      f"({both[1]}) disagree: send one", "invalid_combination")
+
+
+def check_labels_alone(request: SamplingRequest, others: dict[str, object]) -> None:
+    """logprob_token_ids stands in for a top-k: asking for both is a mistake."""
+    if request.logprob_token_ids is None:
+        return
+    for field, value in others.items():
+        if value:
+            raise invalid(field, f"{field} cannot be combined with logprob_token_ids: the "
+                          "labels' logprobs replace the top-k; leave it out (or 0)",
+                          "invalid_combination")
+
+
+def check_streaming(request: CompletionRequest) -> None:
+    if not request.stream:
+        return
+    scoring = {"echo": request.echo, "prompt_logprobs": request.prompt_logprobs is not None,
+               "logprob_start_len": request.logprob_start_len is not None}
+    for field, asked in scoring.items():
+        if asked:
+            raise invalid("stream", f"stream: true cannot be combined with {field}: prompt "
+                          "scores come in one response; leave stream out", "invalid_combination")
+
+
+def logit_bias(request: SamplingRequest, vocab_size: int) -> dict[int, float] | None:
+    """logit_bias with its keys checked and turned into token ids."""
+    if not request.logit_bias:
+        return None
+    bias = {}
+    for key, value in request.logit_bias.items():
+        token_id = int(key) if key.isascii() and key.isdecimal() else -1
+        if not 0 <= token_id < vocab_size:
+            raise invalid("logit_bias", f"logit_bias keys must be token ids from 0 to "
+                          f"{vocab_size - 1} written as strings, got {key!r}", "invalid_token_id")
+        bias[token_id] = value
+    return bias
+
+
+def check_prompts(prompts: list[PromptInput], request: SamplingRequest, caps: Capabilities,
+                  prompt_field: str = "prompt") -> None:
+    """The checks on the tokenized prompts."""
+    for index, prompt in enumerate(prompts):
+        check_prompt(prompt, prompt_name(index), request, caps, prompt_field)
+    total = sum(len(p.token_ids) for p in prompts)
+    full_vocab = isinstance(request, CompletionRequest) and request.prompt_logprobs == -1
+    if full_vocab and total > caps.full_vocab_max_prompt_tokens:
+        # The cap bounds the rows one request holds, so a batch counts as a whole.
+        counted = "the prompt has" if len(prompts) == 1 else "the batch's prompts have together"
+        raise invalid("prompt", f"{counted} {total} tokens; prompt_logprobs: -1 (the full "
+                      f"vocabulary) takes at most {caps.full_vocab_max_prompt_tokens} per request "
+                      "(capabilities.full_vocab_max_prompt_tokens): use a top-k or split the batch",
+                      "full_vocab_prompt_too_long")
+
+
+def check_prompt(prompt: PromptInput, where: str, request: SamplingRequest, caps: Capabilities,
+                 prompt_field: str) -> None:
+    length = len(prompt.token_ids)
+    if length == 0:
+        raise invalid(prompt_field, f"{where} is empty: it tokenizes to no tokens")
+    field, limit = request.token_limit()
+    if limit is None and length >= caps.max_model_len:
+        raise invalid(prompt_field, f"{where} has {length} tokens: it leaves no room to generate "
+                      f"within the model's context of {caps.max_model_len} tokens",
+                      "context_length_exceeded")
+    if limit is not None and length + limit > caps.max_model_len:
+        raise invalid(field, f"{where} has {length} tokens and {field} is {limit}: together "
+                      f"they exceed the model's context of {caps.max_model_len} tokens",
+                      "context_length_exceeded")
+    if isinstance(request, CompletionRequest):
+        check_scored_span(prompt, where, request, caps)
+
+
+def check_scored_span(prompt: PromptInput, where: str, request: CompletionRequest,
+                      caps: Capabilities) -> None:
+    length = len(prompt.token_ids)
+    start = request.logprob_start_len
+    if start is not None and start >= length:
+        raise invalid("logprob_start_len", f"logprob_start_len must be below the length of "
+                      f"{where} ({length} tokens), got {start}")
+    scored = scored_prompt_tokens(request, length)
+    if scored > caps.max_scored_tokens:
+        raise invalid("prompt", f"{where} asks to score {scored} tokens; the model scores at most "
+                      f"{caps.max_scored_tokens} per prompt (capabilities.max_scored_tokens)",
+                      "too_many_scored_tokens")
+
+
+def scored_prompt_tokens(request: CompletionRequest, length: int) -> int:
+    if request.prompt_logprobs is not None:
+        return length
+    start = span_start(request)
+    return 0 if start is None else length - start
+
+
+def engine_prompt_logprobs(request: CompletionRequest) -> int | None:
+    """The prompt top-k that serves both prompt_logprobs and the echoed or scored span."""
+    if request.prompt_logprobs == -1:
+        return -1
+    wanted = [request.prompt_logprobs]
+    if span_start(request) is not None:
+        wanted.append(request.top_k() or 0)
+    wanted = [k for k in wanted if k is not None]
+    return max(wanted) if wanted else None
+
+
+def is_greedy(request: SamplingRequest) -> bool:
+    """As vLLM decides: below its sampling epsilon (probserve.vllm_constants)."""
+    return request.temperature < SAMPLING_EPS
+
+
+def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabilities,
+                   bias: dict[int, float] | None = None) -> EngineRequest:
+    stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    _, limit = request.token_limit()
+    scoring = isinstance(request, CompletionRequest)
+    return EngineRequest(
+        prompt_token_ids=prompt.token_ids,
+        max_tokens=limit or caps.max_model_len - len(prompt.token_ids),
+        temperature=request.temperature,
+        top_p=request.top_p,
+        # vLLM refuses n > 1 when greedy: the n choices are the same one, made once.
+        n=1 if is_greedy(request) else request.n,
+        seed=request.seed,
+        stop=[s for s in stops if s],  # an empty stop string stops nothing
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=bias,
+        logprobs=request.top_k(),
+        prompt_logprobs=engine_prompt_logprobs(request) if scoring else None,
+        logprob_token_ids=request.logprob_token_ids,
+    )

@@ -1,0 +1,237 @@
+"""Request models: the contract, parsed strictly, with errors a client program can act on.
+
+Strict types: a JSON `true` is never a number, a float never a count, a string never a number.
+Unknown fields are refused with their name, so a typo such as `prompt_logprob` fails loudly.
+Every endpoint's request model derives from StrictRequest and is parsed by `parse_request`.
+"""
+
+from typing import Annotated, Literal, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from probserve.errors import APIError, invalid
+
+MAX_SEED = 2**63 - 1
+MAX_STOP_STRINGS = 4
+MAX_LOGIT_BIAS = 300
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+Prompt = str | TokenIds | Annotated[list[str | TokenIds], Field(min_length=1)]
+Stop = str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)]
+
+
+class StrictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(StrictRequest):
+    include_usage: bool = False
+
+
+LogitBias = Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field(max_length=MAX_LOGIT_BIAS)]
+
+
+class SamplingRequest(StrictRequest):
+    """The fields /v1/completions and /v1/chat/completions share, with the same rules."""
+
+    model: str
+    # Omitted: up to the context window (what the prompt leaves of `max_model_len`).
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Stop | None = None
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: LogitBias | None = None
+    logprob_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+    def token_limit(self) -> tuple[str, int | None]:
+        """The field that bounds the generated tokens, and its value."""
+        return "max_tokens", self.max_tokens
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Prompt
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    prompt_logprobs: int | None = Field(None, ge=-1)
+    logprob_start_len: int | None = Field(None, ge=0)
+    # Accepted for OpenAI compatibility when they ask for what the service does anyway.
+    best_of: int | None = Field(None, ge=1)
+    suffix: str | None = None
+
+    def top_k(self) -> int | None:
+        """The top-k of each reported position; None: no logprobs. Labels turn them on."""
+        return 0 if self.logprobs is None and self.logprob_token_ids else self.logprobs
+
+
+class TextPart(StrictRequest):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(StrictRequest):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+Messages = Annotated[list[ChatMessage], Field(min_length=1)]
+
+
+class ChatRequest(SamplingRequest):
+    messages: Messages
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+
+    def top_k(self) -> int | None:
+        """`top_logprobs > 0` turns `logprobs` on, as labels do."""
+        if self.logprobs or self.top_logprobs or self.logprob_token_ids:
+            return self.top_logprobs or 0
+        return None
+
+    def token_limit(self) -> tuple[str, int | None]:
+        if self.max_completion_tokens is not None:
+            return "max_completion_tokens", self.max_completion_tokens
+        return "max_tokens", self.max_tokens
+
+
+class TokenizeRequest(StrictRequest):
+    """vLLM's POST /tokenize: a prompt, or chat messages rendered with the model's template."""
+
+    model: str
+    prompt: str | None = None
+    messages: Messages | None = None
+    # Defaults: the tokenizer's special tokens for a prompt (as /v1/completions adds them);
+    # the assistant's opening for messages (as /v1/chat/completions renders them).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool | None = None
+
+
+class DetokenizeRequest(StrictRequest):
+    model: str
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+def sampling_rules(max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    """What each shared field accepts, in words, for error messages."""
+    return {
+        "model": "a string naming a model from GET /v1/models",
+        "max_tokens": "an integer of at least 1",
+        "temperature": "a number from 0 to 2",
+        "top_p": "a number above 0 and at most 1",
+        "n": f"an integer from 1 to {max_n}",
+        "seed": f"an integer from 0 to {MAX_SEED}",
+        "stop": f"a string or a list of at most {MAX_STOP_STRINGS} strings",
+        "presence_penalty": "a number from -2 to 2",
+        "frequency_penalty": "a number from -2 to 2",
+        "logit_bias": f"an object of at most {MAX_LOGIT_BIAS} token ids (as strings) "
+                      "to numbers from -100 to 100",
+        "logprob_token_ids": f"a list of 1 to {max_label_ids} distinct token ids",
+        "stream": "a boolean",
+        "stream_options": 'an object {"include_usage": boolean}',
+        "user": "a string",
+    }
+
+
+def completion_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    return {
+        **sampling_rules(max_n, max_label_ids),
+        "prompt": "a string, a non-empty list of token ids, or a non-empty list of either",
+        "logprobs": f"an integer from 0 to {max_logprobs}",
+        "echo": "a boolean",
+        "prompt_logprobs": f"-1 or an integer from 0 to {max_logprobs}",
+        "logprob_start_len": "an integer of at least 0",
+        "best_of": "an integer of at least 1",
+        "suffix": "a string",
+    }
+
+
+MESSAGES_RULE = ('a non-empty list of {"role": "system" | "developer" | "user" | "assistant", '
+                 '"content": a string or a list of {"type": "text", "text": string}}')
+
+
+def chat_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+    return {
+        **sampling_rules(max_n, max_label_ids),
+        "messages": MESSAGES_RULE,
+        "max_completion_tokens": "an integer of at least 1",
+        "logprobs": "a boolean",
+        "top_logprobs": f"an integer from 0 to {max_logprobs}",
+    }
+
+
+TOKENIZE_RULES = {
+    "model": "a string naming a model from GET /v1/models",
+    "prompt": "a string",
+    "messages": MESSAGES_RULE,
+    "add_special_tokens": "a boolean",
+    "add_generation_prompt": "a boolean",
+}
+DETOKENIZE_RULES = {
+    "model": "a string naming a model from GET /v1/models",
+    "tokens": "a list of token ids",
+}
+
+
+HINTS = {
+    ("logprobs", -1): "the full vocabulary is prompt-only: ask for prompt_logprobs: -1",
+}
+
+Request = TypeVar("Request", bound=StrictRequest)
+
+
+def describe(value: object) -> str:
+    text = orjson.dumps(value, default=repr).decode()
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def field_error(field: str, rules: dict[str, str], value: object) -> APIError:
+    message = f"{field} must be {rules[field]}, got {describe(value)}"
+    hint = HINTS.get((field, value)) if not isinstance(value, (dict, list)) else None
+    return invalid(field, f"{message}: {hint}" if hint else message)
+
+
+def path(location: tuple) -> str:
+    """A location inside a body as a client writes it: `messages[0].role`."""
+    text = str(location[0])
+    for part in location[1:]:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return text
+
+
+def first_error(error: ValidationError, body: dict, rules: dict[str, str]) -> APIError:
+    """The first problem in a request, as an APIError that names the (top-level) field."""
+    detail = error.errors(include_url=False)[0]
+    # Union members tag locations with their type (`list[TextPart]`): not a client's name.
+    location = tuple(p for p in detail["loc"] if isinstance(p, int) or p.isidentifier())
+    field = str(location[0]) if location else None
+    if detail["type"] == "extra_forbidden" and len(location) == 1:
+        return invalid(field, f"unknown field {field!r}: the accepted fields are "
+                       f"{', '.join(rules)}", "unknown_field")
+    if detail["type"] == "extra_forbidden":
+        return invalid(field, f"unknown field {path(location)!r}: {field} must be {rules[field]}",
+                       "unknown_field")
+    if detail["type"] == "missing":
+        where = path(location)
+        return invalid(field, f"{where} is required: {field} must be {rules[field]}"
+                       if len(location) > 1 else f"{field} is required: {rules[field]}")
+    return field_error(field, rules, body.get(field))
+
+
+def parse_request(model: type[Request], body: dict, rules: dict[str, str]) -> Request:
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise first_error(error, body, rules) from None

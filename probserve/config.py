@@ -1,0 +1,198 @@
+"""The application's configuration: what the Serve config files' `args` hold.
+
+Each model's capabilities live here and nowhere else: GET /v1/models reports them and the
+ingress enforces them.
+"""
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from ray.serve.config import AutoscalingConfig
+
+from probserve.store.model_store import BUILDERS, embedded_model_path
+from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS
+
+
+def checked_autoscaling(value: dict[str, Any]) -> dict[str, Any]:
+    """Ray Serve's autoscaling_config, checked here: Serve itself ignores unknown keys."""
+    unknown = sorted(set(value) - set(AutoscalingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown autoscaling_config keys {unknown}")
+    AutoscalingConfig(**value)
+    return value
+
+
+Autoscaling = Annotated[dict[str, Any], AfterValidator(checked_autoscaling)]
+ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1}
+
+
+def model_deployment_name(model_name: str) -> str:
+    """The Serve deployment of a model's replicas."""
+    return f"Model-{model_name}"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+VLLM_MAX_LABEL_IDS = MAX_LOGPROB_TOKEN_IDS  # vLLM's sampler reserves this many label columns
+
+
+class Capabilities(Strict):
+    max_logprobs: int = Field(100, ge=0)
+    # Token ids one request may ask `logprob_token_ids` for (label scoring).
+    max_logprob_token_ids: int = Field(VLLM_MAX_LABEL_IDS, ge=1, le=VLLM_MAX_LABEL_IDS)
+    full_vocab_max_prompt_tokens: int = Field(1024, ge=0)
+    max_model_len: int = Field(2048, ge=2)
+    # Prompt tokens one request may score (echo, prompt_logprobs, logprob_start_len);
+    # defaults to the whole context window.
+    max_scored_tokens: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def scored_tokens_within_context(self) -> "Capabilities":
+        if self.max_scored_tokens is None:
+            object.__setattr__(self, "max_scored_tokens", self.max_model_len)
+        return self
+
+
+class ModelConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    # A local Hugging Face folder; when absent, the embedded model of this name.
+    path: str | None = None
+    capabilities: Capabilities = Capabilities()
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    max_num_batched_tokens: int | None = None
+    # GiB of KV cache on a CPU host (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
+    cpu_kv_cache_gib: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # Requests one replica hands its engine at once: vLLM batches them, so this is what lets a
+    # replica fill a batch; beyond it requests wait in the ingress's router.
+    max_ongoing_requests: int = Field(64, ge=1)
+    # Requests waiting for a replica beyond those, per ingress replica; more are refused with
+    # 503 `overloaded`.
+    max_queued_requests: int = Field(128, ge=0)
+    # Ray Serve asks each replica for vLLM's engine health this often; a replica that fails
+    # (its engine process died) or takes longer than the timeout is replaced.
+    health_check_period_s: float = Field(10, gt=0)
+    health_check_timeout_s: float = Field(30, gt=0)
+    autoscaling_config: Autoscaling = ONE_REPLICA
+    ray_actor_options: dict[str, Any] = {"num_cpus": 1}
+
+    @model_validator(mode="after")
+    def path_or_embedded(self) -> "ModelConfig":
+        if self.path is None and self.name not in BUILDERS:
+            raise ValueError(
+                f"model {self.name!r} needs a path: embedded models are {sorted(BUILDERS)}"
+            )
+        return self
+
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else embedded_model_path(self.name)
+
+
+class IngressConfig(Strict):
+    max_body_bytes: int = Field(16 << 20, ge=1024)
+    max_batch_prompts: int = Field(64, ge=1)
+    max_n: int = Field(16, ge=1)
+    # Full-vocabulary requests one ingress replica holds at once, from the replica call to the
+    # last byte (each can hold hundreds of MB of rows); the others wait for a slot.
+    max_full_vocab_requests: int = Field(2, ge=1)
+    # How long a full-vocabulary request waits for a slot, and how many wait at most, before
+    # 503 `overloaded`: a flood of them must not hold the ingress.
+    full_vocab_wait_s: float = Field(30, ge=0)
+    max_full_vocab_waiting: int = Field(16, ge=0)
+    # Retry-After (seconds) on a 503 `overloaded`.
+    retry_after_s: int = Field(1, ge=0)
+    # How long /health waits for a model's health check before it calls the model not ready.
+    readiness_timeout_s: float = Field(5, gt=0)
+    # Requests one ingress replica works on at once. It only parses, tokenizes and awaits
+    # replicas, so it takes hundreds; Ray Serve's default (5) made the proxy queue the rest.
+    max_ongoing_requests: int = Field(512, ge=1)
+    autoscaling_config: Autoscaling = ONE_REPLICA
+    ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
+
+
+class SerializerPoolConfig(Strict):
+    """The CPU workers that write full-vocabulary JSON (probserve.fullvocab.pool)."""
+
+    # Positions per chunk: the unit of work of a pool worker. A SmolLM2 position is about
+    # 3.4 MB of JSON (a 128k vocabulary, 9 MB): 16 keep a chunk's memory to tens of MB.
+    chunk_positions: int = Field(16, ge=1)
+    # Chunks of one response in the pool or written and not yet sent: several workers serve
+    # one response at once, and a slow client holds production back.
+    window: int = Field(4, ge=1)
+    # Chunks one worker writes at once: one, so that a worker is a core's worth of work and
+    # the pool scales by workers (fetching a chunk from the object store is a mapping).
+    max_ongoing_requests: int = Field(1, ge=1)
+    autoscaling_config: Autoscaling = ONE_REPLICA
+    ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
+
+
+class TenancyConfig(Strict):
+    """API keys and per-tenant limits (probserve.tenants.keyring, docs/tenancy.md)."""
+
+    # The tenants and their keys' hashes (`probserve keys create` writes it); without it every
+    # request is served without a key.
+    key_file: str | None = None
+    # The server secret the key hashes are keyed with (at least 32 bytes), kept apart from the
+    # key file.
+    secret_file: str | None = None
+    # A production configuration says so: it is refused without a key file.
+    require_keys: bool = False
+    # How often the key file is checked for changes (keys added or revoked without a restart).
+    reload_s: float = Field(5, gt=0)
+    # Where request and token rates (and usage) are counted: memory:// holds for one ingress
+    # replica, redis://host:port/db across all of them.
+    storage: str = Field("memory://", pattern=r"^(memory://|redis://\S+)$")
+    # When that storage cannot be reached: "open" serves uncounted, "closed" answers 503
+    # `rate_limit_unavailable`. Either way it is logged.
+    on_storage_failure: Literal["open", "closed"] = "closed"
+
+    @model_validator(mode="after")
+    def keys_where_required(self) -> "TenancyConfig":
+        if self.require_keys and not self.key_file:
+            raise ValueError("tenancy.require_keys is set: name the tenancy.key_file")
+        if bool(self.key_file) != bool(self.secret_file):
+            raise ValueError("tenancy.key_file and tenancy.secret_file go together")
+        return self
+
+
+class AppConfig(Strict):
+    models: list[ModelConfig] = Field(min_length=1)
+    ingress: IngressConfig = IngressConfig()
+    serializer_pool: SerializerPoolConfig = SerializerPoolConfig()
+    tenancy: TenancyConfig = TenancyConfig()
+
+    @model_validator(mode="after")
+    def unique_names(self) -> "AppConfig":
+        names = [model.name for model in self.models]
+        if len(names) != len(set(names)):
+            raise ValueError(f"model names must be unique, got {names}")
+        return self
+
+    @model_validator(mode="after")
+    def ingress_holds_what_it_may_be_sent(self) -> "AppConfig":
+        """Beyond its max_ongoing_requests, an ingress replica's requests wait in Ray Serve's
+        proxy, unbounded and unanswered: the bounds behind it must be full first, so that the
+        ingress answers 503 `overloaded` itself."""
+        held = self.ingress.max_full_vocab_requests + self.ingress.max_full_vocab_waiting + sum(
+            model.max_ongoing_requests * model.autoscaling_config.get("max_replicas", 1)
+            + model.max_queued_requests for model in self.models)
+        if self.ingress.max_ongoing_requests < held:
+            raise ValueError(
+                f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must be at "
+                f"least {held}: the requests the models take and queue (max_ongoing_requests x "
+                "max_replicas + max_queued_requests, each) and the full-vocabulary slots and "
+                "waiters")
+        return self
+
+    def placements(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Each deployment's ray_actor_options and autoscaling_config: what Ray places where."""
+        return [(self.ingress.ray_actor_options, self.ingress.autoscaling_config),
+                (self.serializer_pool.ray_actor_options, self.serializer_pool.autoscaling_config),
+                *((m.ray_actor_options, m.autoscaling_config) for m in self.models)]
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((model for model in self.models if model.name == name), None)

@@ -1,0 +1,198 @@
+"""ModelReplica: one Ray Serve deployment per model, wrapping vLLM's AsyncLLM.
+
+Thin by design: it turns an EngineRequest into vLLM's SamplingParams and vLLM's flat
+log-probability lists into compact arrays (probserve.engine.wire); all logic lives elsewhere.
+"""
+
+import os
+import uuid
+
+import ray
+from ray import serve
+
+from probserve.config import ModelConfig
+from probserve.engine.vllm_fence import (
+    FULL_VOCAB,
+    PROMPT_LABELS,
+    keep_full_vocab_as_arrays,
+    register,
+    self_check,
+)
+from probserve.engine.wire import (
+    Completion,
+    EngineRequest,
+    EngineResult,
+    EngineUnavailable,
+    FullVocabParts,
+    FullVocabRows,
+    PositionLogprobs,
+    token_array,
+)
+from probserve.observe.metrics import EngineRequestStats, ReplicaMetrics
+from probserve.store.home import apply_cache_environment
+
+WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
+                         logprobs=1, prompt_logprobs=k) for k in (1, -1)]
+
+
+def prepare_process(model: ModelConfig) -> None:
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU memory and cores."""
+    apply_cache_environment()
+    # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(model.cpu_kv_cache_gib))
+    # By default vLLM keeps a core for itself; on small hosts inference needs them all.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+def engine_args(model: ModelConfig):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        model=str(model.resolved_path()),
+        served_model_name=model.name,
+        dtype=model.dtype,
+        max_model_len=model.capabilities.max_model_len,
+        max_logprobs=-1,  # the ingress enforces the caps; -1 lets any top-k through
+        max_num_batched_tokens=model.max_num_batched_tokens,
+        enforce_eager=model.enforce_eager,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
+    )
+
+
+def label_params(request: EngineRequest) -> dict:
+    """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
+    plugin (probserve.engine.vllm_fence) at prompt positions; the full vocabulary in token-id order."""
+    labels = request.logprob_token_ids
+    if not labels:
+        full_vocab = request.prompt_logprobs == -1
+        return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs,
+                "extra_args": {FULL_VOCAB: True} if full_vocab else None}
+    prompt = request.prompt_logprobs is not None
+    return {
+        "logprobs": None,  # vLLM: the labels' count stands for it
+        "logprob_token_ids": labels if request.logprobs is not None else None,
+        "prompt_logprobs": len(labels) if prompt else None,
+        "extra_args": {PROMPT_LABELS: labels} if prompt else None,
+    }
+
+
+def sampling_params(request: EngineRequest, stream: bool = False):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=request.n,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=request.stop or None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=request.logit_bias,
+        **label_params(request),
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def compact(flat) -> PositionLogprobs | None:
+    if flat is None:
+        return None
+    return PositionLogprobs.from_flat(flat.start_indices, flat.end_indices, flat.token_ids,
+                                      flat.logprobs, flat.ranks)
+
+
+def queue_time(stats, sent_at: float | None) -> float | None:
+    """To reach the replica (wall clocks: the ingress's and this process's), then in the
+    engine's queue (the engine's own clock)."""
+    if stats is None or not stats.scheduled_ts or sent_at is None:
+        return None
+    return max(0.0, stats.arrival_time - sent_at) + max(0.0, stats.scheduled_ts - stats.queued_ts)
+
+
+def engine_stats(final, generated_tokens: int) -> EngineRequestStats:
+    stats = final.metrics
+    prefilled = stats is not None and stats.first_token_ts and stats.scheduled_ts
+    return EngineRequestStats(
+        prompt_tokens=len(final.prompt_token_ids), cached_tokens=final.num_cached_tokens or 0,
+        generated_tokens=generated_tokens,
+        prefill_time_s=stats.first_token_ts - stats.scheduled_ts if prefilled else None)
+
+
+def engine_result(output, sent_at: float | None) -> EngineResult:
+    completions = [
+        Completion(index=c.index, token_ids=token_array(c.token_ids), text=c.text,
+                   finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
+        for c in sorted(output.outputs, key=lambda c: c.index)
+    ]
+    prompt = output.prompt_logprobs
+    full_vocab = prompt if isinstance(prompt, FullVocabParts) else None
+    return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
+                        prompt_logprobs=None if full_vocab else compact(prompt),
+                        completions=completions, full_vocab=full_vocab,
+                        queue_time_s=queue_time(output.metrics, sent_at))
+
+
+async def fetch_rows(chunk: "ray.ObjectRef") -> FullVocabRows:
+    """A chunk of full-vocabulary rows this replica stored in Ray's object store."""
+    return await chunk
+
+
+@serve.deployment
+class ModelReplica:
+    async def __init__(self, model: ModelConfig, chunk_positions: int):
+        """chunk_positions: full-vocabulary rows per object handed to the serializer pool."""
+        prepare_process(model)
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+        register()
+        keep_full_vocab_as_arrays(ray.put, chunk_positions)
+        self.model = model
+        self.metrics = ReplicaMetrics(model.name)
+        # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
+        self.engine = AsyncLLM.from_engine_args(engine_args(model),
+                                                stat_loggers=[RayPrometheusStatLogger])
+        # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
+        for request in WARM_UP:
+            await self.generate(request)
+        # Refuse to serve rather than answer wrongly if the patches do not fit this engine.
+        await self_check(self.generate, fetch_rows)
+
+    async def outputs(self, request: EngineRequest, stream: bool):
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        final, generated = None, 0
+        try:
+            async for output in self.engine.generate(prompt, sampling_params(request, stream),
+                                                     f"{self.model.name}-{uuid.uuid4().hex}"):
+                final = output
+                generated += sum(len(c.token_ids) for c in output.outputs)
+                yield output
+        except EngineDeadError as error:
+            raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
+                                    "a new replica is being started") from None
+        self.metrics.served(engine_stats(final, generated))
+
+    async def generate(self, request: EngineRequest) -> EngineResult:
+        final = None
+        async for output in self.outputs(request, stream=False):
+            final = output
+        return engine_result(final, request.sent_at)
+
+    async def generate_stream(self, request: EngineRequest):
+        """Yields what each engine step adds, as EngineResults of the new tokens only."""
+        async for output in self.outputs(request, stream=True):
+            yield engine_result(output, request.sent_at)
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+
+    def __del__(self):
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

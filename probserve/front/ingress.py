@@ -1,0 +1,251 @@
+"""Ingress: the HTTP front door. Each handler wires parse -> admit -> send -> shape: the body
+parsed strictly for the caller's tenant (probserve.api.request_models), every check and the
+engine requests (probserve.api.admission), the model replicas (probserve.front.replica_client),
+the response (probserve.api.completions, chat, streaming; probserve.front.full_vocab).
+
+Nothing invalid reaches a model replica: every check runs before any replica call.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from probserve.api import admission, chat, completions, tokenize
+from probserve.api.admission import Admitted
+from probserve.api.openapi import install_openapi
+from probserve.api.request_models import (
+    DETOKENIZE_RULES,
+    TOKENIZE_RULES,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    StrictRequest,
+    TokenizeRequest,
+    parse_request,
+)
+from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
+from probserve.config import AppConfig, Capabilities, ModelConfig
+from probserve.engine.wire import EngineResult
+from probserve.errors import APIError, not_ready
+from probserve.front.full_vocab import FullVocabResponses, check_form
+from probserve.front.http import event_stream, install_error_handlers, json_object, json_response
+from probserve.front.replica_client import ReplicaClient
+from probserve.gate import once
+from probserve.observe.availability import ReplicaStates, running_replicas
+from probserve.observe.metrics import RequestObserver
+from probserve.observe.request_log import ObservedRequests, RequestRecord
+from probserve.tenants.access import Access
+from probserve.tenants.keyring import UNLIMITED, Tenant
+from probserve.tenants.usage import usage_body
+from probserve.text.vocabulary import Vocabulary
+
+# /health's model states that count as serving.
+SERVING = ("ready", "scaled to zero")
+
+# No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
+# /openapi.json is the contract, for any OpenAPI viewer.
+app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible",
+              docs_url=None, redoc_url=None)
+install_openapi(app)
+install_error_handlers(app)
+# Before the Ingress class: Ray Serve freezes the app when it decorates the class.
+app.add_middleware(ObservedRequests, observer=RequestObserver())
+
+
+@dataclass(frozen=True)
+class Call:
+    """A parsed request: the caller's tenant, the body, its model with the vocabulary and the
+    capabilities as this tenant has them, and what the request log will say of it."""
+
+    tenant: Tenant
+    body: StrictRequest
+    model: ModelConfig
+    vocab: Vocabulary
+    caps: Capabilities
+    record: RequestRecord
+
+
+def model_card(model: ModelConfig, caps: Capabilities, created: int, vocab: Vocabulary) -> dict:
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "probserve",
+        "max_model_len": caps.max_model_len,
+        # Whether /v1/chat/completions serves it: its tokenizer has a chat template.
+        "chat": vocab.chat_template is not None,
+        "capabilities": caps.model_dump(),
+    }
+
+
+def record_of(request: Request) -> RequestRecord:
+    """What the request log and the metrics will say of this request (observe.request_log)."""
+    return request.state.record
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],
+                 serializers: DeploymentHandle):
+        self.config = config
+        self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
+        self.created = int(time.time())
+        self.access = Access(config.tenancy, config.ingress.retry_after_s)
+        app_name = serve.get_replica_context().app_name
+        states = ReplicaStates(lambda: running_replicas(serve.status(), app_name))
+        self.engines = ReplicaClient(config, replicas, states)
+        self.full_vocab = FullVocabResponses(config, serializers)
+
+    @app.get("/livez")
+    async def live(self) -> Response:
+        """Liveness: this ingress replica answers. It asks no model: a model that is down must
+        not get the ingress restarted."""
+        return json_response({"status": "ok"})
+
+    @app.get("/health")
+    async def health(self, model: str | None = None) -> Response:
+        """Readiness of every model, or of one (`?model=`): 200 when ready, else 503
+        `not_ready` naming the models that are not, with each model's state."""
+        names = [self.model(model).name] if model is not None else [m.name for m in self.config.models]
+        states = dict(zip(names, await asyncio.gather(*map(self.engines.readiness, names))))
+        down = ", ".join(name for name, state in states.items() if state not in SERVING)
+        if not down:
+            return json_response({"status": "ok", "models": states})
+        error = not_ready(f"not ready: {down}", self.config.ingress.retry_after_s)
+        return json_response({**error.envelope(), "models": states}, error.status, error.headers)
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        """The models the caller's tenant may use, with its caps."""
+        tenant = await self.tenant(request)
+        cards = [model_card(m, tenant.capabilities(m.capabilities), self.created, self.vocabularies[m.name])
+                 for m in self.config.models if tenant.allows(m.name)]
+        return json_response({"object": "list", "data": cards})
+
+    @app.get("/v1/usage")
+    async def usage(self, request: Request) -> Response:
+        """The caller's tenant's usage (probserve.tenants.usage)."""
+        await self.tenant(request)
+        name = record_of(request).tenant
+        return json_response(usage_body(name, await self.access.stored_usage(name)))
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        call = await self.parse(request, CompletionRequest, self.completion_rules)
+        check_form(request, full_vocab=call.body.prompt_logprobs == -1)
+        admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab)
+        await self.charge(call, admitted)
+        if call.body.stream:
+            return await self.stream(call, admitted, CompletionStream)
+        if call.body.prompt_logprobs == -1:
+            return await self.full_vocab_response(request, call, admitted)
+        results = await self.send(call, admitted)
+        return json_response(completions.completion_response(
+            call.model.name, admitted.prompts, results, call.body, call.vocab))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        call = await self.parse(request, ChatRequest, self.chat_rules)
+        check_form(request, full_vocab=False)
+        admitted = admission.admit_chat(call.body, call.caps, self.config.ingress, call.vocab)
+        await self.charge(call, admitted)
+        if call.body.stream:
+            return await self.stream(call, admitted, ChatStream)
+        (result,) = await self.send(call, admitted)
+        return json_response(chat.chat_response(call.model.name, admitted.prompts[0], result, call.body,
+                                                call.vocab))
+
+    @app.post("/tokenize")
+    async def tokenize(self, request: Request) -> Response:
+        call = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES)
+        token_ids = tokenize.tokenize(call.body, call.vocab)
+        return json_response({"count": len(token_ids), "max_model_len": call.model.capabilities.max_model_len,
+                              "tokens": token_ids})
+
+    @app.post("/detokenize")
+    async def detokenize(self, request: Request) -> Response:
+        call = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES)
+        return json_response({"prompt": tokenize.detokenize(call.body, call.vocab)})
+
+    def model(self, name: str, tenant: Tenant = UNLIMITED) -> ModelConfig:
+        """The model, if it exists and the tenant may use it: else 404, the same either way,
+        naming only the tenant's models."""
+        model = self.config.model(name)
+        if model is None or not tenant.allows(name):
+            known = ", ".join(m.name for m in self.config.models if tenant.allows(m.name)) or "none"
+            raise APIError(404, "model_not_found", f"model {name!r} does not exist; "
+                           f"this service has: {known}", "model")
+        return model
+
+    async def tenant(self, request: Request) -> Tenant:
+        """Authenticated and within its request rate and in-flight bound, else 401 or 429."""
+        return await self.access.admit(request.headers.get("authorization"), record_of(request))
+
+    def completion_rules(self, caps: Capabilities | None) -> dict[str, str]:
+        return admission.rules(caps, self.config.ingress)
+
+    def chat_rules(self, caps: Capabilities | None) -> dict[str, str]:
+        return admission.rules(caps, self.config.ingress, chat=True)
+
+    async def parse(self, request: Request, kind: type[StrictRequest],
+                    rules: Callable[[Capabilities | None], dict[str, str]]) -> Call:
+        """The caller's tenant, then the body parsed strictly, with the field rules of its
+        model as this tenant has it (the model is recorded even if the rest is refused)."""
+        tenant, record = await self.tenant(request), record_of(request)
+        raw = await json_object(request, self.config.ingress.max_body_bytes)
+        named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
+        named = named if named and tenant.allows(named.name) else None
+        if named:
+            record.model = named.name
+        body = parse_request(kind, raw, rules(tenant.capabilities(named.capabilities) if named else None))
+        model = self.model(body.model, tenant)
+        return Call(tenant, body, model, self.vocabularies[model.name],
+                    tenant.capabilities(model.capabilities), record)
+
+    async def charge(self, call: Call, admitted: Admitted) -> None:
+        """The request's prompt tokens, recorded and charged to its tenant's rate."""
+        call.record.prompt_tokens, call.record.scored_tokens = admitted.prompt_tokens, admitted.scored_tokens
+        await self.access.charge_prompt(call.tenant, call.record, admitted.full_vocab_positions)
+
+    async def send(self, call: Call, admitted: Admitted) -> list[EngineResult]:
+        results = await self.engines.generate(call.model.name, admitted.engine_requests)
+        call.record.generated_tokens = completions.completion_tokens(results, call.body.n)
+        call.record.queue_time_s = max((r.queue_time_s for r in results if r.queue_time_s is not None),
+                                       default=None)
+        return results
+
+    async def stream(self, call: Call, admitted: Admitted, kind: type[ChoiceStream]) -> StreamingResponse:
+        stream = kind(call.model.name, call.body, admitted.prompts, call.vocab)
+        return await event_stream(self.engines.events(call.model.name, admitted.engine_requests,
+                                                      call.record, stream))
+
+    async def full_vocab_response(self, request: Request, call: Call,
+                                  admitted: Admitted) -> StreamingResponse:
+        """prompt_logprobs -1: the whole distributions, streamed; a bounded number at once, in
+        all and per tenant."""
+        release = await self.full_vocab_places(call)
+        try:
+            results = await self.send(call, admitted)
+            return self.full_vocab.body(request, call.model.name, call.vocab, call.body, admitted,
+                                        results, release, call.record)
+        except BaseException:
+            release()
+            raise
+
+    async def full_vocab_places(self, call: Call) -> Callable[[], None]:
+        """A place among the tenant's full-vocabulary requests, then one of this replica's
+        slots; returns the release of both."""
+        with ExitStack() as undo:
+            tenant_place = await self.access.full_vocab_place(call.tenant, call.record)
+            undo.callback(tenant_place)
+            slot = await self.full_vocab.slot()
+            undo.pop_all()
+        return once(lambda: (slot(), tenant_place()))

@@ -1,0 +1,163 @@
+"""The ingress's calls to model replicas: engine requests sent and their results or deltas
+back, each model's readiness, and a replica's failures as the client's 503.
+
+Ray Serve holds a request for a deployment without a running replica until one starts (after
+a node is lost, until another joins): a model that should always have one is refused at once
+instead, and checked again while its requests wait (probserve.observe.availability)."""
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from probserve.api.streaming import ChoiceStream, event
+from probserve.config import AppConfig, model_deployment_name
+from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable
+from probserve.errors import APIError, error_envelope, not_ready, overloaded
+from probserve.observe.availability import ReplicaStates
+from probserve.observe.request_log import RequestRecord
+
+# How often a request waiting for its model checks that the model still has a replica.
+LOST_CHECK_S = 0.5
+REFUSED = (BackPressureError, EngineUnavailable, RayActorError)
+
+logger = logging.getLogger("probserve.ingress")
+
+
+class ReplicaClient:
+    def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],
+                 replica_states: ReplicaStates):
+        self.config = config
+        self.replicas = replicas
+        self.replica_states = replica_states
+        self.retry_after_s = config.ingress.retry_after_s
+
+    async def generate(self, model: str, engine_requests: list[EngineRequest]) -> list[EngineResult]:
+        """The results; 503 if the model's queue is full or it loses its replicas meanwhile."""
+        self.check_running(model)
+        call = asyncio.ensure_future(generate_all(self.replicas[model], engine_requests))
+        try:
+            while not (await asyncio.wait({call}, timeout=LOST_CHECK_S))[0]:
+                self.check_running(model)
+            return call.result()
+        except REFUSED as error:
+            raise self.refusal(error) from None
+        finally:
+            call.cancel()
+
+    async def events(self, model: str, engine_requests: list[EngineRequest], record: RequestRecord,
+                     stream: ChoiceStream) -> AsyncIterator[bytes]:
+        """Every prompt's deltas as they come, merged into one event stream. A failure before
+        the first event is the client's HTTP error; after it, the stream's last event."""
+        self.check_running(model)
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self.pump(model, i, r, record, queue))
+                 for i, r in enumerate(engine_requests)]
+        done = asyncio.gather(*tasks)
+        started = False
+        try:
+            while not (done.done() and queue.empty()):
+                for chunk in await self.next_events(model, queue, done, stream):
+                    started = True
+                    yield chunk
+            done.result()
+        except Exception as error:
+            error = self.refusal(error)
+            if not started:
+                raise error from None
+            failure = stream_failure(error)
+            record.code = failure["error"]["code"]
+            yield event(failure)
+        finally:
+            record.generated_tokens = stream.completion_tokens
+            for task in tasks:
+                task.cancel()
+        for chunk in stream.closing_events():
+            yield chunk
+
+    async def pump(self, model: str, prompt_index: int, engine_request: EngineRequest,
+                   record: RequestRecord, queue: asyncio.Queue) -> None:
+        """One prompt's deltas into the shared queue."""
+        sent = dataclasses.replace(engine_request, sent_at=time.time())
+        async for delta in self.replicas[model].options(stream=True).generate_stream.remote(sent):
+            if delta.queue_time_s is not None:
+                record.queue_time_s = max(record.queue_time_s or 0.0, delta.queue_time_s)
+            await queue.put((prompt_index, delta))
+
+    async def next_events(self, model: str, queue: asyncio.Queue, done: asyncio.Future,
+                          stream: ChoiceStream) -> list[bytes]:
+        """The events of the next delta, or none when none came within the check interval
+        (the model still having a replica is checked then) or all are done."""
+        getter = asyncio.ensure_future(queue.get())
+        await asyncio.wait([getter, done], timeout=LOST_CHECK_S, return_when=asyncio.FIRST_COMPLETED)
+        if getter.done():
+            return stream.events(*getter.result())
+        getter.cancel()
+        self.check_running(model)
+        return []
+
+    async def readiness(self, name: str) -> str:
+        """"ready", "scaled to zero" (its next request starts a replica), or why not: the
+        model's health check (its engine's) within the bound. A model without replicas is not
+        asked: asking would wait for one, and wake a model scaled to zero."""
+        if self.replica_states.running(model_deployment_name(name)) == 0:
+            return "no running replica" if self.always_on(name) else "scaled to zero"
+        timeout_s = self.config.ingress.readiness_timeout_s
+        try:
+            await asyncio.wait_for(self.replicas[name].check_health.remote(), timeout_s)
+        except TimeoutError:
+            return f"no answer within {timeout_s} s"
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+        return "ready"
+
+    def always_on(self, name: str) -> bool:
+        """Whether the model should always have a replica (it does not scale to zero)."""
+        return self.config.model(name).autoscaling_config.get("min_replicas", 1) >= 1
+
+    def check_running(self, name: str) -> None:
+        """503 `not_ready` at once for a model that should have a replica and has none,
+        instead of waiting for one to start."""
+        if self.always_on(name) and self.replica_states.running(model_deployment_name(name)) == 0:
+            raise not_ready(f"model {name!r} has no running replica: Ray Serve is starting one",
+                            self.retry_after_s)
+
+    def refusal(self, error: Exception) -> Exception:
+        """A model's full queue, dead engine or lost replica, as the client's 503; other errors
+        as they are."""
+        if isinstance(error, BackPressureError):
+            return overloaded("the model's queue is full (max_queued_requests): retry later",
+                              self.retry_after_s)
+        if isinstance(error, EngineUnavailable):
+            return not_ready(str(error), self.retry_after_s)
+        if isinstance(error, RayActorError):
+            return not_ready("the model's replica was lost (its process or node died): Ray Serve "
+                             f"is replacing it ({type(error).__name__})", self.retry_after_s)
+        return error
+
+
+async def generate_all(replica: DeploymentHandle, engine_requests: list[EngineRequest]) -> list:
+    """Every prompt's engine request, sent at once: the replica batches them. If one fails
+    (its queue is full), the others are cancelled, which aborts them in the engine."""
+    sent_at = time.time()
+    calls = [asyncio.ensure_future(replica.generate.remote(dataclasses.replace(r, sent_at=sent_at)))
+             for r in engine_requests]
+    try:
+        return await asyncio.gather(*calls)
+    except BaseException:
+        for call in calls:
+            call.cancel()
+        raise
+
+
+def stream_failure(error: Exception) -> dict:
+    """The error event of a stream that has started."""
+    if isinstance(error, APIError):
+        return error.envelope()
+    logger.exception("stream failed", exc_info=error)
+    return error_envelope(500, "internal_error", f"the stream failed: {error}")

@@ -1,0 +1,103 @@
+"""The full-vocabulary path (`prompt_logprobs: -1`): whole distributions as arrays, written
+to JSON a position at a time without a Python object per entry.
+
+A position's JSON is `{"<id>": {"logprob": <lp>, "rank": <r>, "decoded_token": "<text>"}, ...}`
+in rank order. Everything but the logprob text depends only on the token or the rank, so it is
+prepared once per model as byte tables; each row is sorted (the engine returns it in token-id
+order), orjson writes its logprobs' text, and a compiled loop (numba) copies each entry's four
+pieces into the output.
+"""
+
+import numba
+import numpy as np
+import orjson
+
+from probserve.engine.wire import FullVocabRows, RankedRows
+from probserve.vllm_constants import NEG_INF_LOGPROB
+
+# Byte offsets fit 32 bits (a position is a few MB, the tables tens).
+OFFSET = np.int32
+COMMA, OPEN, CLOSE = b",{}"
+
+
+class ByteTable:
+    """Many byte strings in one buffer, addressed by index."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.lengths = np.fromiter(map(len, pieces), OFFSET, len(pieces))
+        self.starts = (np.cumsum(self.lengths, dtype=OFFSET) - self.lengths).astype(OFFSET)
+        self.buffer = np.frombuffer(b"".join(pieces), np.uint8)
+
+
+class EntryFragments:
+    """Per model: the JSON around each entry's logprob, by token id and by rank, in one buffer."""
+
+    def __init__(self, token_strings: list[str]):
+        self.vocab_size = len(token_strings)
+        before = ByteTable([b'"%d":{"logprob":' % i for i in range(self.vocab_size)])
+        rank = ByteTable([b',"rank":%d,"decoded_token":' % r for r in range(1, self.vocab_size + 1)])
+        after = ByteTable([orjson.dumps(s) + b"}," for s in token_strings])
+        self.buffer = np.concatenate([before.buffer, rank.buffer, after.buffer])
+        # (starts in `buffer`, lengths) of each table, as the writer takes them.
+        self.tables = (before.starts, before.lengths,
+                       rank.starts + len(before.buffer), rank.lengths,
+                       after.starts + len(before.buffer) + len(rank.buffer), after.lengths)
+
+
+def logprob_texts(logprobs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The shortest text of each float32 logprob: (buffer, starts, lengths)."""
+    text = orjson.dumps(np.maximum(logprobs, NEG_INF_LOGPROB), option=orjson.OPT_SERIALIZE_NUMPY)
+    buffer = np.frombuffer(text, np.uint8)  # "[a,b,...]"
+    commas = np.flatnonzero(buffer == ord(","))
+    starts = np.concatenate([[1], commas + 1]).astype(OFFSET)
+    ends = np.concatenate([commas, [len(buffer) - 1]]).astype(OFFSET)
+    return buffer, starts, ends - starts
+
+
+@numba.njit(inline="always")
+def copy_piece(out, at, source, start, length):
+    for i in range(length):
+        out[at + i] = source[start + i]
+    return at + length
+
+
+@numba.njit(nogil=True, cache=True)
+def write_position(out, at, token_ids, texts, text_starts, text_lengths, buffer, before_starts,
+                   before_lengths, rank_starts, rank_lengths, after_starts, after_lengths):
+    """`,{entries}` at out[at:]; returns the end. Entry j: before[token], the logprob's
+    text, rank[j], after[token]."""
+    out[at] = COMMA
+    out[at + 1] = OPEN
+    at += 2
+    for j in range(token_ids.shape[0]):
+        token = token_ids[j]
+        at = copy_piece(out, at, buffer, before_starts[token], before_lengths[token])
+        at = copy_piece(out, at, texts, text_starts[j], text_lengths[j])
+        at = copy_piece(out, at, buffer, rank_starts[j], rank_lengths[j])
+        at = copy_piece(out, at, buffer, after_starts[token], after_lengths[token])
+    out[at - 1] = CLOSE  # the last entry's "," closes the object instead
+    return at
+
+
+def positions_json(ranked: RankedRows, fragments: EntryFragments) -> np.ndarray:
+    """`,{...},{...}` (uint8): rows of token ids by rank and their logprobs."""
+    texts = [logprob_texts(row) for row in ranked.logprobs]
+    # Each row names each token and each rank at most once: the tables bound its size.
+    out = np.empty(sum(2 + len(fragments.buffer) + len(text) for text, _, _ in texts), np.uint8)
+    at = 0
+    for row, (text, starts, lengths) in zip(ranked.token_ids, texts):
+        at = write_position(out, at, row, text, starts, lengths, fragments.buffer, *fragments.tables)
+    return out[:at]
+
+
+def position_json(logprobs: np.ndarray, fragments: EntryFragments) -> bytes:
+    """One position's `{...}` in rank order, from its logprobs in token-id order."""
+    return chunk_json(FullVocabRows(logprobs[None], logprobs[:1], np.ones(1, np.int64)),
+                      fragments)[1:].tobytes()
+
+
+def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> np.ndarray:
+    """A chunk of positions as it sits in the `prompt_logprobs` array: `,{...},{...}` (uint8,
+    for deflate to read in place); the array is `[null` followed by its chunks in order,
+    then `]`."""
+    return positions_json(rows.ranked(), fragments)

@@ -1,0 +1,69 @@
+"""SerializerPool: CPU workers that write full-vocabulary rows as JSON, a chunk at a time.
+
+A Ray Serve deployment of its own, autoscaled apart from the models: the ingress hands it
+chunks of a few positions (references into Ray's object store, put there by the model
+replica), several at once for one response, and relays what comes back in order.
+"""
+
+import asyncio
+from contextlib import contextmanager
+
+import numpy as np
+from ray import serve
+
+from probserve.config import AppConfig
+from probserve.fullvocab import npy
+from probserve.fullvocab.compression import deflate_part
+from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
+from probserve.fullvocab.npy import NpyChunk
+from probserve.observe.metrics import PoolMetrics
+from probserve.text.vocabulary import Vocabulary
+
+
+@serve.deployment
+class SerializerPool:
+    def __init__(self, config: AppConfig):
+        self.metrics = PoolMetrics()
+        self.fragments = {model.name: EntryFragments(Vocabulary.load(model.resolved_path()).strings)
+                          for model in config.models}
+        # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
+        # cache: pay it before serving.
+        fragments = next(iter(self.fragments.values()))
+        position_json(np.zeros(fragments.vocab_size, np.float32), fragments)
+
+    async def write(self, model: str, chunk: list, gzip: bool):
+        """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.
+
+        `chunk` is a one-item list: Ray would fetch a bare reference into the caller."""
+        with self.holding():
+            rows = await chunk[0]
+            payload, written, sent = await asyncio.to_thread(self.encode, self.fragments[model], rows, gzip)
+            encoding = "gzip" if gzip else "identity"
+            self.metrics.wrote(model, "json", len(rows.logprobs), written, sent, encoding)
+            return payload
+
+    @staticmethod
+    def encode(fragments: EntryFragments, rows, gzip: bool):
+        """(what is sent, bytes written, bytes sent), in one trip to the worker's thread."""
+        text = chunk_json(rows, fragments)
+        if not gzip:
+            return text.tobytes(), len(text), len(text)
+        part = deflate_part(text)
+        return part, len(text), len(part.data)
+
+    async def write_npy(self, model: str, chunk: NpyChunk) -> bytes:
+        """The chunk's `.npy` records (probserve.fullvocab.npy)."""
+        with self.holding():
+            rows = await chunk.rows
+            records = await asyncio.to_thread(npy.chunk_records, chunk, rows)
+            self.metrics.wrote(model, "npy", len(rows.logprobs), len(records), len(records), "identity")
+            return records
+
+    @contextmanager
+    def holding(self):
+        """Counts the chunk among those this worker holds (its queue depth) while it does."""
+        self.metrics.in_progress.change(1)
+        try:
+            yield
+        finally:
+            self.metrics.in_progress.change(-1)

@@ -1,0 +1,59 @@
+"""The full-vocabulary body, relayed: the response's text around its arrays
+(probserve.api.completions.body_parts), each array's chunks written by the serializer pool,
+several at once, and sent in order as they come.
+
+At most `window` chunks of one response are in the pool or waiting to be sent: a slow client
+holds production back, and one that leaves cancels what is under way.
+"""
+
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import aclosing
+from typing import Protocol
+
+from probserve.fullvocab.compression import GzipJoiner, deflate_part
+
+
+class Call(Awaitable, Protocol):
+    """A call under way (a Serve DeploymentResponse, an asyncio task): awaited or cancelled."""
+
+    def cancel(self) -> object: ...
+
+
+async def in_order(calls: Iterable[Call], window: int) -> AsyncIterator:
+    """Each call's result in order; `calls` is lazy (each call starts when taken from it), so
+    at most `window` are under way. Those not yet awaited are cancelled if the caller stops."""
+    pending: deque[Call] = deque()
+    try:
+        for call in calls:
+            pending.append(call)
+            if len(pending) == window:
+                yield await oldest(pending)
+        while pending:
+            yield await oldest(pending)
+    finally:
+        for call in pending:
+            call.cancel()
+
+
+async def oldest(pending: deque[Call]):
+    """The first call's result; it stays pending (to be cancelled) until it has one."""
+    result = await pending[0]
+    pending.popleft()
+    return result
+
+
+async def full_vocab_body(parts: Iterable[bytes | list], write: Callable[[object], Call],
+                          window: int, gzip: bool) -> AsyncIterator[bytes]:
+    """The body: text as it is, chunks through `write` (a pool call giving bytes, or a
+    DeflatedPart when `gzip`); with gzip, one member around it all."""
+    joiner = GzipJoiner() if gzip else None
+    for part in parts:
+        if isinstance(part, bytes):
+            yield joiner.add(deflate_part(part)) if joiner else part
+            continue
+        async with aclosing(in_order((write(chunk) for chunk in part), window)) as written:
+            async for piece in written:
+                yield joiner.add(piece) if joiner else piece
+    if joiner:
+        yield joiner.end()

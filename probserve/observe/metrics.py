@@ -1,0 +1,216 @@
+"""The service's Prometheus metrics: every definition in one place, recorded by the three
+deployments through Ray Serve's metrics API.
+
+Each Ray node's metrics agent exports what the processes on that node record, so every
+replica's numbers are scraped wherever it runs, with the `deployment`, `replica` and
+`application` labels Serve adds. Ray prefixes every name with `ray_`; the scrape configuration
+shipped with probserve (`grafana/prometheus.yml`, the Kubernetes PodMonitor) renames
+`ray_probserve_*` back to `probserve_*` and vLLM's engine metrics (`ray_vllm_*`, recorded by
+vLLM's own Ray stat logger) back to vLLM's `vllm:*` names. Counters get `_total` on export.
+"""
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+
+from probserve.observe.request_log import RequestRecord, request_logger
+
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
+TOKENS_PER_SECOND_BUCKETS = [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000,
+                             100000, 250000]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # as scraped through probserve's configuration
+    kind: str  # counter, gauge or histogram
+    tags: tuple[str, ...]
+    help: str
+
+
+REQUEST_TAGS = ("endpoint", "model", "status")
+TENANT_TAGS = ("endpoint", "model", "tenant")
+METRICS = [
+    # Ingress: one observation per HTTP request (probserve.observe.request_log.RequestRecord).
+    Metric("probserve_requests_total", "counter", (*REQUEST_TAGS, "code", "tenant"),
+           "HTTP requests by endpoint, model, status, error code (empty on success) and tenant"),
+    Metric("probserve_request_duration_seconds", "histogram", REQUEST_TAGS,
+           "Time from the request's arrival at the ingress to its response's last byte"),
+    Metric("probserve_time_to_first_byte_seconds", "histogram", REQUEST_TAGS,
+           "Time from the request's arrival at the ingress to its response's first byte"),
+    Metric("probserve_request_queue_time_seconds", "histogram", REQUEST_TAGS,
+           "Time a request waited before its engine scheduled it: to reach a model replica, "
+           "then in the engine's queue"),
+    Metric("probserve_request_prompt_tokens_total", "counter", TENANT_TAGS,
+           "Prompt tokens of the requests the ingress admitted (the responses' usage.prompt_tokens)"),
+    Metric("probserve_scored_tokens_total", "counter", TENANT_TAGS,
+           "Prompt tokens whose log-probabilities were asked for (echo, spans, prompt_logprobs)"),
+    Metric("probserve_completion_tokens_total", "counter", TENANT_TAGS,
+           "Generated tokens returned to clients (the responses' usage.completion_tokens)"),
+    Metric("probserve_full_vocab_sent_bytes_total", "counter", TENANT_TAGS,
+           "Full-vocabulary bytes the ingress sent to clients, as compressed"),
+    Metric("probserve_requests_in_flight", "gauge", (),
+           "Requests an ingress replica is answering now"),
+    Metric("probserve_full_vocab_waiting", "gauge", (),
+           "Full-vocabulary requests waiting for one of an ingress replica's slots"),
+    # Model replicas: one observation per engine request (a prompt).
+    Metric("probserve_prompt_tokens_total", "counter", ("model",),
+           "Prompt tokens of the engine requests a model replica served"),
+    Metric("probserve_prefill_tokens_total", "counter", ("model",),
+           "Prompt tokens the engine computed (prompt tokens less those found in its prefix cache)"),
+    Metric("probserve_generation_tokens_total", "counter", ("model",),
+           "Tokens the engine generated"),
+    Metric("probserve_request_prefill_tokens_per_second", "histogram", ("model",),
+           "Each engine request's prefill throughput: computed prompt tokens over prefill time"),
+    Metric("probserve_request_prefill_time_seconds", "histogram", ("model",),
+           "Time from an engine request's scheduling to its first token (its prefill)"),
+    # Serializer pool: one observation per chunk of full-vocabulary positions.
+    Metric("probserve_full_vocab_rows_total", "counter", ("model", "form"),
+           "Full-vocabulary positions written (form: json or npy)"),
+    Metric("probserve_full_vocab_bytes_total", "counter", ("model", "form"),
+           "Full-vocabulary bytes written, before compression"),
+    Metric("probserve_full_vocab_encoded_bytes_total", "counter", ("model", "form", "encoding"),
+           "Full-vocabulary bytes as sent (encoding: gzip or identity)"),
+    Metric("probserve_serializer_chunks_in_progress", "gauge", (),
+           "Chunks a serializer pool worker holds: being written or waiting for its thread"),
+]
+BY_NAME = {metric.name: metric for metric in METRICS}
+
+
+def ray_name(metric: Metric) -> str:
+    """The name Ray's metrics API takes: without `_total`, which the exporter adds."""
+    return metric.name.removesuffix("_total") if metric.kind == "counter" else metric.name
+
+
+def recorder(name: str):
+    """The Ray Serve metric object of one definition (in a Serve replica's process)."""
+    from ray.serve import metrics
+
+    metric = BY_NAME[name]
+    kinds = {"counter": metrics.Counter, "gauge": metrics.Gauge}
+    if metric.kind == "histogram":
+        buckets = TOKENS_PER_SECOND_BUCKETS if name.endswith("per_second") else SECONDS_BUCKETS
+        return metrics.Histogram(ray_name(metric), metric.help, boundaries=buckets,
+                                 tag_keys=metric.tags)
+    return kinds[metric.kind](ray_name(metric), metric.help, tag_keys=metric.tags)
+
+
+class HeldGauge:
+    """A gauge of a count its holder changes (requests in flight, chunks held). Ray stops
+    exporting a gauge series that was not set within two report intervals, so, once used,
+    it is set again every `refresh_s` seconds: an idle replica's zero stays visible."""
+
+    def __init__(self, name: str, refresh_s: float = 5.0):
+        self.gauge, self.refresh_s = recorder(name), refresh_s
+        self.value = 0
+        self.refresher: asyncio.Task | None = None
+
+    def change(self, by: int) -> None:
+        """Called on the replica's event loop."""
+        self.value += by
+        self.gauge.set(self.value)
+        if self.refresher is None:
+            self.refresher = asyncio.get_running_loop().create_task(self.refresh())
+
+    async def refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_s)
+            self.gauge.set(self.value)
+
+
+class IngressMetrics:
+    def __init__(self):
+        self.requests = recorder("probserve_requests_total")
+        self.duration = recorder("probserve_request_duration_seconds")
+        self.first_byte = recorder("probserve_time_to_first_byte_seconds")
+        self.queue_time = recorder("probserve_request_queue_time_seconds")
+        self.prompt = recorder("probserve_request_prompt_tokens_total")
+        self.scored = recorder("probserve_scored_tokens_total")
+        self.completion = recorder("probserve_completion_tokens_total")
+        self.full_vocab_sent = recorder("probserve_full_vocab_sent_bytes_total")
+        self.in_flight = HeldGauge("probserve_requests_in_flight")
+
+    def started(self, record: RequestRecord) -> None:
+        self.in_flight.change(1)
+
+    def finished(self, record: RequestRecord) -> None:
+        self.in_flight.change(-1)
+        tags = {"endpoint": record.endpoint, "model": record.model, "status": str(record.status)}
+        self.requests.inc(1, {**tags, "code": record.code, "tenant": record.tenant})
+        self.duration.observe(record.duration_s, tags)
+        if record.time_to_first_byte_s is not None:
+            self.first_byte.observe(record.time_to_first_byte_s, tags)
+        if record.queue_time_s is not None:
+            self.queue_time.observe(record.queue_time_s, tags)
+        tokens = {"endpoint": record.endpoint, "model": record.model, "tenant": record.tenant}
+        for counter, value in [(self.prompt, record.prompt_tokens), (self.scored, record.scored_tokens),
+                               (self.completion, record.generated_tokens),
+                               (self.full_vocab_sent, record.full_vocab_bytes)]:
+            if value and record.served():
+                counter.inc(value, tokens)
+
+
+class RequestObserver:
+    """Each request into the ingress's metrics and the request log, both made on first use:
+    in the Ingress replica's process, whose metrics Ray exports and whose stderr it keeps."""
+
+    @functools.cached_property
+    def metrics(self) -> IngressMetrics:
+        return IngressMetrics()
+
+    @functools.cached_property
+    def log(self) -> logging.Logger:
+        return request_logger()
+
+    def started(self, record: RequestRecord) -> None:
+        self.metrics.started(record)
+
+    def finished(self, record: RequestRecord) -> None:
+        self.metrics.finished(record)
+        self.log.info(record.log_line().decode())
+
+
+@dataclass(frozen=True)
+class EngineRequestStats:
+    """What one engine request cost, from vLLM's per-request statistics."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    prefill_time_s: float | None  # None when the engine recorded no first token
+
+
+class ReplicaMetrics:
+    def __init__(self, model: str):
+        self.tags = {"model": model}
+        self.prompt = recorder("probserve_prompt_tokens_total")
+        self.prefill = recorder("probserve_prefill_tokens_total")
+        self.generation = recorder("probserve_generation_tokens_total")
+        self.prefill_rate = recorder("probserve_request_prefill_tokens_per_second")
+        self.prefill_time = recorder("probserve_request_prefill_time_seconds")
+
+    def served(self, stats: EngineRequestStats) -> None:
+        computed = stats.prompt_tokens - stats.cached_tokens
+        self.prompt.inc(stats.prompt_tokens, self.tags)
+        if computed:
+            self.prefill.inc(computed, self.tags)
+        if stats.generated_tokens:
+            self.generation.inc(stats.generated_tokens, self.tags)
+        if stats.prefill_time_s is not None and stats.prefill_time_s > 0:
+            self.prefill_time.observe(stats.prefill_time_s, self.tags)
+            self.prefill_rate.observe(computed / stats.prefill_time_s, self.tags)
+
+
+class PoolMetrics:
+    def __init__(self):
+        self.rows = recorder("probserve_full_vocab_rows_total")
+        self.written = recorder("probserve_full_vocab_bytes_total")
+        self.sent = recorder("probserve_full_vocab_encoded_bytes_total")
+        self.in_progress = HeldGauge("probserve_serializer_chunks_in_progress")
+
+    def wrote(self, model: str, form: str, rows: int, written: int, sent: int, encoding: str) -> None:
+        tags = {"model": model, "form": form}
+        self.rows.inc(rows, tags)
+        self.written.inc(written, tags)
+        self.sent.inc(sent, {**tags, "encoding": encoding})

@@ -1,0 +1,39 @@
+"""Builds the Ray Serve application from a configuration: the import path of the Serve config
+files (`import_path: probserve.ops.app:build_app`, with the AppConfig as `args`)."""
+
+from ray.serve import Application, Deployment
+
+from probserve.config import AppConfig, model_deployment_name
+from probserve.engine.replica import ModelReplica
+from probserve.front.ingress import Ingress
+from probserve.fullvocab.pool import SerializerPool
+
+
+def build_app(args: dict, replica: Deployment | None = None) -> Application:
+    """The ingress bound to one model replica deployment per model and the serializer pool;
+    `replica`: a subclass of ModelReplica to deploy in its place."""
+    config = AppConfig.model_validate(args)
+    replica = replica or ModelReplica
+    replicas = {
+        model.name: replica.options(
+            name=model_deployment_name(model.name),
+            autoscaling_config=model.autoscaling_config,
+            ray_actor_options=model.ray_actor_options,
+            max_ongoing_requests=model.max_ongoing_requests,
+            max_queued_requests=model.max_queued_requests,
+            health_check_period_s=model.health_check_period_s,
+            health_check_timeout_s=model.health_check_timeout_s,
+        ).bind(model, config.serializer_pool.chunk_positions)
+        for model in config.models
+    }
+    pool = config.serializer_pool
+    serializers = SerializerPool.options(
+        max_ongoing_requests=pool.max_ongoing_requests,
+        autoscaling_config=pool.autoscaling_config,
+        ray_actor_options=pool.ray_actor_options,
+    ).bind(config)
+    return Ingress.options(
+        max_ongoing_requests=config.ingress.max_ongoing_requests,
+        autoscaling_config=config.ingress.autoscaling_config,
+        ray_actor_options=config.ingress.ray_actor_options,
+    ).bind(config, replicas, serializers)

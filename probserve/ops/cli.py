@@ -1,0 +1,148 @@
+"""probserve: prepare models, serve the application."""
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from probserve.ops import local_ray
+from probserve.store.model_store import BUILDERS, prepare
+from probserve.tenants import keyring
+from probserve.tenants.keyring import KeyFile
+
+
+def serve_config(path: Path) -> tuple[dict, dict, str]:
+    """The app's args, http_options and proxy_location from a Serve config file (one
+    application)."""
+    document = yaml.safe_load(path.read_text())
+    applications = document.get("applications") or []
+    if len(applications) != 1:
+        raise SystemExit(f"{path}: expected exactly one application, found {len(applications)}")
+    return (applications[0].get("args") or {}, document.get("http_options") or {},
+            document.get("proxy_location", "EveryNode"))
+
+
+def command_prepare(options: argparse.Namespace) -> None:
+    from probserve.store.home import apply_cache_environment
+
+    unknown = sorted(set(options.names) - set(BUILDERS))
+    if unknown:
+        raise SystemExit(f"unknown embedded models {unknown}; choose from {sorted(BUILDERS)}")
+    apply_cache_environment()
+    for name in options.names or sorted(BUILDERS):
+        prepare(name)
+
+
+def key_files(options: argparse.Namespace) -> tuple[KeyFile, bytes]:
+    """The key file (empty if it does not exist yet) and the server secret (made, only readable
+    by its owner, if its file does not exist yet)."""
+    if not options.secret_file.exists():
+        options.secret_file.touch(mode=0o600)
+        options.secret_file.write_text(keyring.new_secret() + "\n")
+        print(f"wrote a new server secret to {options.secret_file}: keep it apart from the key file")
+    keys = KeyFile.read(options.key_file) if options.key_file.exists() else KeyFile()
+    return keys, keyring.read_secret(options.secret_file)
+
+
+def command_keys_create(options: argparse.Namespace) -> None:
+    keys, secret = key_files(options)
+    keys, key = keyring.create_key(keys, options.tenant, secret)
+    keys.write(options.key_file)
+    print(f"key {keys.keys[-1].id} for tenant {options.tenant!r}, shown this once:\n{key}")
+
+
+def command_keys_list(options: argparse.Namespace) -> None:
+    keys = KeyFile.read(options.key_file)
+    for key in keys.keys:
+        print(f"{key.id}  {key.tenant}  {key.created.isoformat()}  {'revoked' if key.revoked else 'active'}")
+
+
+def command_keys_revoke(options: argparse.Namespace) -> None:
+    try:
+        keyring.revoke_key(KeyFile.read(options.key_file), options.id).write(options.key_file)
+    except KeyError:
+        raise SystemExit(f"{options.key_file} has no key {options.id}") from None
+    print(f"key {options.id} revoked; running services stop taking it within their reload_s")
+
+
+def command_serve(options: argparse.Namespace) -> None:
+    args, http, proxy_location = serve_config(options.config)
+    key_file = (args.get("tenancy") or {}).get("key_file")
+    print(f"API keys: from {key_file}" if key_file else
+          "API keys: none configured, every request is served without a key (tenancy.key_file "
+          "in the Serve config turns keys on)", flush=True)
+    host = options.host or http.get("host", "127.0.0.1")
+    port = options.port or http.get("port", 8000)
+    started = time.monotonic()
+    try:
+        url = local_ray.start(args, host=host, port=port, metrics_port=options.metrics_port,
+                          address=options.address, proxy_location=proxy_location)
+    except ConnectionError as error:
+        if not options.address:
+            raise
+        raise SystemExit(f"cannot join the Ray cluster at {options.address}: {error}. A cluster with "
+                         "Ray's token authentication needs RAY_AUTH_MODE=token and its token "
+                         "(RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) in this command's environment") from None
+    ready = f"ready in {time.monotonic() - started:.0f} s"
+    if options.address:
+        print(f"probserve is deployed on the Ray cluster at {options.address} and serving at {url} "
+              f"({ready}); it stays there after this command ends", flush=True)
+        return
+    print(f"probserve is serving at {url} ({ready}), metrics at "
+          f"http://{host}:{options.metrics_port}/metrics; Ctrl-C stops it", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, SystemExit):
+        local_ray.stop()
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="probserve", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    models = commands.add_parser("models", help="the model store").add_subparsers(
+        dest="action", required=True)
+    prep = models.add_parser("prepare", help="build embedded models (idempotent)")
+    prep.add_argument("names", nargs="*", metavar="NAME",
+                      help=f"models to build (default: all of {', '.join(sorted(BUILDERS))})")
+    prep.set_defaults(run=command_prepare)
+
+    serve = commands.add_parser("serve", help="start Ray, Serve and the app on this machine, "
+                                "or put the app on a running Ray cluster (--address)")
+    serve.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
+    serve.add_argument("--address", help="a running Ray cluster's GCS address (HEAD:6379, or "
+                       "`auto` on one of its nodes): deploy the app there and return, instead of "
+                       "starting Ray here")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--metrics-port", type=int, default=local_ray.METRICS_PORT,
+                       help="Ray's metrics export port, where Prometheus scrapes every process's "
+                            "metrics (default %(default)s; a cluster joined with --address has its own)")
+    serve.set_defaults(run=command_serve)
+
+    keys = commands.add_parser("keys", help="API keys (docs/tenancy.md)").add_subparsers(
+        dest="action", required=True)
+    for name, run, help_text in [("create", command_keys_create, "make a key for a tenant; prints it once"),
+                                 ("list", command_keys_list, "the keys: id, tenant, created, state"),
+                                 ("revoke", command_keys_revoke, "revoke a key by its id")]:
+        action = keys.add_parser(name, help=help_text)
+        action.add_argument("--key-file", type=Path, required=True)
+        action.set_defaults(run=run)
+    keys.choices["create"].add_argument("--tenant", required=True)
+    keys.choices["create"].add_argument("--secret-file", type=Path, required=True)
+    keys.choices["revoke"].add_argument("id")
+    return root
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parser().parse_args(argv)
+    options.run(options)
+
+
+if __name__ == "__main__":
+    main()

