@@ -1,13 +1,16 @@
 """One real service for the whole session: Ray Serve, the app, vLLM on three tiny models, one
 per tokenizer family (the first is the one most tests use), and the embedded default model,
-on which the documentation's examples run as they are written."""
+on which the documentation's examples run as they are written. The SentencePiece model scales
+as deployments/autoscaling.yaml says (tests/e2e/test_autoscaling.py)."""
 
 import os
+import pathlib
 import random
 import socket
 
 import httpx
 import pytest
+import yaml
 
 from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
@@ -29,9 +32,17 @@ CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABEL
 # tests kill its engine, and Ray Serve checks its health every 2 s.
 SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2,
                                             "health_check_period_s": 2}
+# The autoscaling test loads this one: one replica at rest, two under load, as the demo file
+# scales its model.
+AUTOSCALING_FILE = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
+AUTOSCALING_MODEL = TINY_SENTENCEPIECE
+AUTOSCALING = {field: value for field, value in yaml.safe_load(AUTOSCALING_FILE.read_text())
+               ["applications"][0]["args"]["models"][0].items()
+               if field in ("autoscaling_config", "max_ongoing_requests", "max_queued_requests")}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
-                **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {})} for name in FAMILIES]
+                **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
+                **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024},
     # Two workers, so that every full-vocabulary response is written by both at once; chunks

@@ -1,26 +1,22 @@
-"""Autoscaling shown: deployments/autoscaling.yaml deployed as a second application; load
-raises its model's replicas from 1 to 2, the end of the load lowers them again, and no request
-fails during either transition."""
+"""Autoscaling shown: the session's SentencePiece model scales as deployments/autoscaling.yaml
+scales its model (tests/e2e/conftest.py); load raises its replicas from 1 to 2, the end of the
+load lowers them again, and no request fails during either transition."""
 
-import pathlib
 import threading
 import time
 
 import httpx
-import pytest
 from ray import serve
 
-from probserve.ops import cli
-from probserve.ops.app import build_app, model_deployment_name
-from probserve.store.model_store import TINY
+from probserve.ops.app import model_deployment_name
+from probserve.ops.local_ray import APP_NAME
+from tests.e2e.conftest import AUTOSCALING, AUTOSCALING_MODEL
 
-CONFIG = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
-APP, PREFIX = "autoscaling", "/autoscaling"
 LIMIT_S = 240
 
 
 def running_replicas() -> int:
-    deployment = serve.status().applications[APP].deployments[model_deployment_name(TINY)]
+    deployment = serve.status().applications[APP_NAME].deployments[model_deployment_name(AUTOSCALING_MODEL)]
     return deployment.replica_states.get("RUNNING", 0)
 
 
@@ -31,20 +27,18 @@ def wait_until(condition, started: float) -> float:
     return time.monotonic() - started
 
 
-@pytest.fixture(scope="module")
-def scaling_url(base_url):
-    args, _, _ = cli.serve_config(CONFIG)
-    serve.run(build_app(args), name=APP, route_prefix=PREFIX)
-    yield f"{base_url}{PREFIX}"
-    serve.delete(APP)
+def test_the_demo_file_scales_between_one_and_two():
+    scaling = AUTOSCALING["autoscaling_config"]
+    assert (scaling["min_replicas"], scaling["max_replicas"], scaling["target_ongoing_requests"]) == (1, 2, 2)
 
 
-def test_load_scales_the_model_up_and_its_end_down(scaling_url, capsys):
-    body = {"model": TINY, "prompt": "The capital of France is", "max_tokens": 32, "temperature": 0}
+def test_load_scales_the_model_up_and_its_end_down(base_url, capsys):
+    body = {"model": AUTOSCALING_MODEL, "prompt": "The capital of France is", "max_tokens": 32,
+            "temperature": 0}
     statuses, stop = [], threading.Event()
 
     def client(pause_s: float) -> None:
-        with httpx.Client(base_url=scaling_url, timeout=120) as http:
+        with httpx.Client(base_url=base_url, timeout=120) as http:
             while not stop.is_set():
                 statuses.append(http.post("/v1/completions", json=body).status_code)
                 time.sleep(pause_s)

@@ -78,7 +78,10 @@ def keys(tmp_path_factory):
 def url(base_url, redis_server, keys):
     tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": 1,
             "ray_actor_options": {"num_cpus": 0.01}}
-    args = {"models": [{"name": TINY, **tiny}, {"name": TINY_BOS, **tiny}],
+    # The second model is only listed and refused here, never sent to: scaled to zero, it
+    # costs no engine.
+    idle = {"autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
+    args = {"models": [{"name": TINY, **tiny}, {"name": TINY_BOS, **tiny, **idle}],
             "ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
                         "ray_actor_options": {"num_cpus": 0.01}},
             "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}},
