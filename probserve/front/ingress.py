@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from probserve.api import admission, chat, completions, tokenize
 from probserve.api.admission import Admitted
+from probserve.api.model_list import model_card
 from probserve.api.openapi import install_openapi
 from probserve.api.request_models import (
     DETOKENIZE_RULES,
@@ -70,19 +71,6 @@ class Call:
     vocab: Vocabulary
     caps: Capabilities
     record: RequestRecord
-
-
-def model_card(model: ModelConfig, caps: Capabilities, created: int, vocab: Vocabulary) -> dict:
-    return {
-        "id": model.name,
-        "object": "model",
-        "created": created,
-        "owned_by": "probserve",
-        "max_model_len": caps.max_model_len,
-        # Whether /v1/chat/completions serves it: its tokenizer has a chat template.
-        "chat": vocab.chat_template is not None,
-        "capabilities": caps.model_dump(),
-    }
 
 
 def record_of(request: Request) -> RequestRecord:

@@ -105,7 +105,7 @@ class ReplicaClient:
         """"ready", "scaled to zero" (its next request starts a replica), or why not: the
         model's health check (its engine's) within the bound. A model without replicas is not
         asked: asking would wait for one, and wake a model scaled to zero."""
-        if self.replica_states.running(model_deployment_name(name)) == 0:
+        if await self.replica_states.known(model_deployment_name(name)) == 0:
             return "no running replica" if self.always_on(name) else "scaled to zero"
         timeout_s = self.config.ingress.readiness_timeout_s
         try:

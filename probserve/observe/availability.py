@@ -39,6 +39,15 @@ class ReplicaStates:
             self.refreshing = asyncio.get_running_loop().create_task(self.refresh())
         return self.counts.get(deployment)
 
+    async def known(self, deployment: str) -> int | None:
+        """The count, asked of the controller first when none is known yet (a replica that
+        just started): readiness must not take an unknown count for a running replica."""
+        if deployment not in self.counts:
+            self.running(deployment)  # starts a refresh unless one is under way
+            if self.refreshing is not None:
+                await asyncio.shield(self.refreshing)
+        return self.counts.get(deployment)
+
     async def refresh(self) -> None:
         try:
             self.counts = await asyncio.to_thread(self.fetch)

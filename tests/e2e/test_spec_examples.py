@@ -1,5 +1,5 @@
-"""The Python examples of the API documents in ../shared/spec/, run with the official openai
-SDK. Each keeps its document's code; only the base URL and the model name are changed (the
+"""The Python examples of the public API documents our clients are written against, run with
+the official openai SDK. Each keeps its document's code; only the base URL and the model name are changed (the
 tokenizer name too, since a tokenizer is named by its model). The asserts check the values
 they print against the reference."""
 

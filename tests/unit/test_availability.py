@@ -53,3 +53,21 @@ def test_a_failing_controller_keeps_the_last_counts():
         await asyncio.sleep(0.02)
         assert states.running("Model-a") == 1
     asyncio.run(scenario())
+
+
+def test_readiness_asks_the_controller_when_it_knows_no_count_yet():
+    """A model scaled to zero, asked about before any count came: 0, not unknown (unknown would
+    send a health check that waits for, and wakes, a replica)."""
+    fetches = []
+
+    def fetch():
+        fetches.append(1)
+        return {"Model-idle": 0}
+
+    async def scenario():
+        states = ReplicaStates(fetch, max_age_s=60)
+        assert await asyncio.gather(states.known("Model-idle"), states.known("Model-idle")) == [0, 0]
+        assert len(fetches) == 1  # one question for both
+        assert await states.known("Model-other") is None  # a fresh answer without it stands
+        assert len(fetches) == 1
+    asyncio.run(scenario())

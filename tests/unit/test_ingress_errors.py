@@ -45,6 +45,9 @@ class Running:
     def running(self, deployment: str) -> int | None:
         return self.counts.get(deployment.removeprefix("Model-"))
 
+    async def known(self, deployment: str) -> int | None:
+        return self.running(deployment)
+
 
 def health(outcomes: dict[str, str], running: Running = Running(), scales_to_zero: tuple = ()):
     def model(name: str) -> ModelConfig:
