@@ -1,5 +1,5 @@
 """The full-vocabulary body, relayed: the response's text around its arrays
-(probserve.api.completions.body_parts), each array's chunks written by the serializer pool,
+(probserve.fullvocab.response), each array's chunks written by the serializer pool,
 several at once, and sent in order as they come.
 
 At most `window` chunks of one response are in the pool or waiting to be sent: a slow client
