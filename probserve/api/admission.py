@@ -284,6 +284,14 @@ def engine_prompt_logprobs(request: CompletionRequest) -> int | None:
     return max(wanted) if wanted else None
 
 
+def first_shown_row(request: CompletionRequest) -> int:
+    """The first prompt position the answer shows: a span's start, unless prompt_logprobs
+    asks for every row."""
+    if request.prompt_logprobs is not None:
+        return 0
+    return span_start(request) or 0
+
+
 def is_greedy(request: SamplingRequest) -> bool:
     """As vLLM decides: below its sampling epsilon (probserve.vllm_constants)."""
     return request.temperature < SAMPLING_EPS
@@ -308,5 +316,6 @@ def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabili
         logit_bias=bias,
         logprobs=request.top_k(),
         prompt_logprobs=engine_prompt_logprobs(request) if scoring else None,
+        prompt_rows_from=first_shown_row(request) if scoring else 0,
         logprob_token_ids=request.logprob_token_ids,
     )

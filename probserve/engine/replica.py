@@ -11,8 +11,10 @@ import ray
 from ray import serve
 
 from probserve.config import ModelConfig
+from probserve.engine.shared_prefix import InFlightPrefixes
 from probserve.engine.vllm_fence import (
     FULL_VOCAB,
+    PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
     keep_full_vocab_as_arrays,
     register,
@@ -67,14 +69,29 @@ def label_params(request: EngineRequest) -> dict:
     if not labels:
         full_vocab = request.prompt_logprobs == -1
         return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs,
-                "extra_args": {FULL_VOCAB: True} if full_vocab else None}
+                "extra_args": {FULL_VOCAB: True} if full_vocab else {}}
     prompt = request.prompt_logprobs is not None
     return {
         "logprobs": None,  # vLLM: the labels' count stands for it
         "logprob_token_ids": labels if request.logprobs is not None else None,
         "prompt_logprobs": len(labels) if prompt else None,
-        "extra_args": {PROMPT_LABELS: labels} if prompt else None,
+        "extra_args": {PROMPT_LABELS: labels} if prompt else {},
     }
+
+
+def prefix_cache_params(request: EngineRequest) -> dict:
+    """vLLM reads no prefix cache for a request with prompt logprobs; one that shows rows from
+    position s on may read its first s - 1 tokens from it (the fence cuts the hit there)."""
+    readable = request.cache_readable_tokens()
+    if request.prompt_logprobs is None or readable == 0:
+        return {}
+    return {"skip_reading_prefix_cache": False, "extra_args": {PREFIX_CACHE_LIMIT: readable}}
+
+
+def logprob_params(request: EngineRequest) -> dict:
+    labels, cache = label_params(request), prefix_cache_params(request)
+    extra_args = {**labels.pop("extra_args"), **cache.pop("extra_args", {})}
+    return {**labels, **cache, "extra_args": extra_args or None}
 
 
 def sampling_params(request: EngineRequest, stream: bool = False):
@@ -91,7 +108,7 @@ def sampling_params(request: EngineRequest, stream: bool = False):
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         logit_bias=request.logit_bias,
-        **label_params(request),
+        **logprob_params(request),
         flat_logprobs=True,
         output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
     )
@@ -155,6 +172,7 @@ class ModelReplica:
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
         self.engine = AsyncLLM.from_engine_args(engine_args(model),
                                                 stat_loggers=[RayPrometheusStatLogger])
+        self.prefixes = InFlightPrefixes(self.engine.vllm_config.cache_config.block_size)
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
         for request in WARM_UP:
             await self.generate(request)
@@ -168,11 +186,12 @@ class ModelReplica:
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         final, generated = None, 0
         try:
-            async for output in self.engine.generate(prompt, sampling_params(request, stream),
-                                                     f"{self.model.name}-{uuid.uuid4().hex}"):
-                final = output
-                generated += sum(len(c.token_ids) for c in output.outputs)
-                yield output
+            async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens()):
+                async for output in self.engine.generate(prompt, sampling_params(request, stream),
+                                                         f"{self.model.name}-{uuid.uuid4().hex}"):
+                    final = output
+                    generated += sum(len(c.token_ids) for c in output.outputs)
+                    yield output
         except EngineDeadError as error:
             raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
                                     "a new replica is being started") from None

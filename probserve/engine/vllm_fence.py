@@ -22,6 +22,12 @@ probserve's changes to vLLM 0.32 (pinned):
    in the replica's own process only (it would break vLLM's server, which expects its
    per-entry objects), the [positions, vocab] tensors are kept as arrays, stored away in
    chunks of positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
+3. Spans read the prefix cache: vLLM reads none for a request with prompt logprobs, because the
+   runner computes rows only from the first uncached position. A request that shows rows
+   from position s on (a scored span) sets `skip_reading_prefix_cache=False` and
+   `extra_args[PREFIX_CACHE_LIMIT] = s - 1`: in the scheduler's process the cache hit is cut
+   to at most s - 1 tokens (whole blocks), so the logits at s - 1 that score token s, and
+   every later row, are computed; the rows before it, never shown, stay zero.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -43,6 +49,7 @@ from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAM
 
 PROMPT_LABELS = "probserve_prompt_label_ids"
 FULL_VOCAB = "probserve_full_vocab_in_token_order"
+PREFIX_CACHE_LIMIT = "probserve_prefix_cache_limit"
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,13 @@ TOUCH_POINTS = (
                "gathers the labels, or the whole row, for a marked count (items 1, 2)"),
     TouchPoint("vllm.v1.outputs", "LogprobsTensors.empty_cpu",
                ("num_positions", "num_tokens_per_position"),
-               "a full-vocabulary buffer holds the rows and one id a position (item 2)"),
+               "a full-vocabulary buffer holds the rows and one id a position (item 2); the "
+               "others start zeroed, as rows read from the cache are never written (item 3)"),
+    TouchPoint("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
+               ("self", "request"), "cuts a scored span's prefix cache hit at its limit (item 3)"),
+    TouchPoint("vllm.v1.core.kv_cache_manager", "KVCacheManager.truncate_computed_blocks",
+               ("self", "blocks", "num_computed_tokens"),
+               "called, not patched: vLLM's own cut of a lookup's blocks (item 3)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -154,6 +167,7 @@ ORIGINALS: dict[str, Callable] = {}
 def register() -> None:
     """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
     gather_marked_prompt_rows()
+    read_prefix_cache_up_to_limits()
 
 
 def patched(point: TouchPoint, replacement) -> None:
@@ -256,7 +270,10 @@ def gather_marked_prompt_rows() -> None:
         """The runner's buffer for a prompt's rows (`columns`: the count + 1, for the prompt
         token's column); a full-vocabulary one holds the rows and the prompt tokens' ids."""
         if not isinstance(columns, FullVocabCount):
-            return empty_cpu(positions, columns)
+            buffer = empty_cpu(positions, columns)
+            for tensor in (buffer.logprob_token_ids, buffer.logprobs, buffer.selected_token_ranks):
+                tensor.zero_()
+            return buffer
         ids = empty_cpu(positions, 1)
         values = ids.logprobs.new_empty((positions, int(columns) - 1), pin_memory=PIN_MEMORY)
         return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
@@ -264,6 +281,35 @@ def gather_marked_prompt_rows() -> None:
     patched(TOUCH_POINTS[1], update_states_marking_counts)
     patched(TOUCH_POINTS[2], staticmethod(gather_marked))
     patched(TOUCH_POINTS[3], staticmethod(empty_cpu_for))
+
+
+def prefix_cache_limit(request) -> int | None:
+    """The most prompt tokens a scheduler's request may read from the prefix cache, if capped."""
+    extra_args = (request.sampling_params and request.sampling_params.extra_args) or {}
+    return extra_args.get(PREFIX_CACHE_LIMIT)
+
+
+def aligned_hit(hit: int, hit_blocks: int, limit: int) -> int:
+    """The longest hit of whole blocks within `limit` tokens (hits are whole blocks)."""
+    block_size = hit // hit_blocks
+    return limit - limit % block_size
+
+
+def read_prefix_cache_up_to_limits() -> None:
+    """A scored span's prefix cache hit, cut at its limit (item 3)."""
+    lookup = original("KVCacheManager.get_computed_blocks")
+
+    def get_computed_blocks_within_limit(self, request):
+        blocks, hit, boundary = lookup(self, request)
+        limit = prefix_cache_limit(request)
+        if limit is None or hit <= limit:
+            return blocks, hit, boundary
+        if len(blocks.blocks) != 1:  # several KV cache groups (hybrid models): compute it all
+            return self.empty_kv_cache_blocks, 0, 0
+        kept = aligned_hit(hit, len(blocks.blocks[0]), limit)
+        return self.truncate_computed_blocks(blocks, kept), kept, 0
+
+    patched(TOUCH_POINTS[4], get_computed_blocks_within_limit)
 
 
 # Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.

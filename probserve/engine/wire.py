@@ -35,10 +35,23 @@ class EngineRequest:
     logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # top-k of each generated token
     prompt_logprobs: int | None = None  # top-k of each prompt token; -1: the full vocabulary
+    # The first prompt position whose row the answer shows (a scored span's start): the
+    # engine may read the positions before the one that scores it from its prefix cache.
+    prompt_rows_from: int = 0
     # Labels: these ids' logprobs in place of the top-k, wherever logprobs are asked.
     logprob_token_ids: list[int] | None = None
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
+
+    def cache_readable_tokens(self) -> int:
+        """How many leading prompt tokens the engine may read from its prefix cache: vLLM's
+        own limit without prompt rows; with them, the tokens before the one whose logits
+        score the first row shown (none when every row is shown, or the full vocabulary)."""
+        if self.prompt_logprobs is None:
+            return len(self.prompt_token_ids) - 1
+        if self.prompt_logprobs == -1:
+            return 0
+        return max(self.prompt_rows_from - 1, 0)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ METRICS = [
            "Prompt tokens of the engine requests a model replica served"),
     Metric("probserve_prefill_tokens_total", "counter", ("model",),
            "Prompt tokens the engine computed (prompt tokens less those found in its prefix cache)"),
+    Metric("probserve_prefix_cache_read_tokens_total", "counter", ("model",),
+           "Prompt tokens the engine read from its prefix cache instead of computing them"),
     Metric("probserve_generation_tokens_total", "counter", ("model",),
            "Tokens the engine generated"),
     Metric("probserve_request_prefill_tokens_per_second", "histogram", ("model",),
@@ -186,6 +188,7 @@ class ReplicaMetrics:
         self.tags = {"model": model}
         self.prompt = recorder("probserve_prompt_tokens_total")
         self.prefill = recorder("probserve_prefill_tokens_total")
+        self.cache_read = recorder("probserve_prefix_cache_read_tokens_total")
         self.generation = recorder("probserve_generation_tokens_total")
         self.prefill_rate = recorder("probserve_request_prefill_tokens_per_second")
         self.prefill_time = recorder("probserve_request_prefill_time_seconds")
@@ -195,6 +198,8 @@ class ReplicaMetrics:
         self.prompt.inc(stats.prompt_tokens, self.tags)
         if computed:
             self.prefill.inc(computed, self.tags)
+        if stats.cached_tokens:
+            self.cache_read.inc(stats.cached_tokens, self.tags)
         if stats.generated_tokens:
             self.generation.inc(stats.generated_tokens, self.tags)
         if stats.prefill_time_s is not None and stats.prefill_time_s > 0:

@@ -85,6 +85,18 @@ def test_engine_prompt_top_k_covers_every_use(fields, expected):
     assert admission.engine_request(prompt, body, CAPS).prompt_logprobs == expected
 
 
+@pytest.mark.parametrize("fields, expected", [
+    ({"logprob_start_len": 2}, 2),
+    ({"logprob_start_len": 2, "echo": True, "logprobs": 1}, 2),
+    ({"echo": True, "logprobs": 1}, 0),
+    ({"logprob_start_len": 2, "prompt_logprobs": 1}, 0),  # every row is shown
+    ({"logprobs": 1}, 0),
+])
+def test_the_first_shown_row_is_the_spans_start_unless_every_row_is_shown(fields, expected):
+    body, (prompt,) = admit(prompt="abcabc", **fields)
+    assert admission.engine_request(prompt, body, CAPS).prompt_rows_from == expected
+
+
 def test_stop_becomes_a_list():
     body, (prompt,) = admit(stop="x")
     assert admission.engine_request(prompt, body, CAPS).stop == ["x"]

@@ -19,6 +19,7 @@ from probserve.engine import vllm_fence
 from probserve.engine.vllm_fence import (
     COPIED_CONSTANTS,
     MARKED_COUNT_USES,
+    PREFIX_CACHE_LIMIT,
     RUNNER_COUNT_METHODS,
     TOUCH_POINTS,
     FullVocabCount,
@@ -148,8 +149,52 @@ def test_the_full_vocabulary_comes_as_it_is_with_only_the_prompt_tokens_ids():
     assert buffer.logprob_token_ids.shape == (2, 1) and buffer.logprobs.shape == (2, 4)
     buffer.logprob_token_ids.copy_(gathered.logprob_token_ids)
     buffer.logprobs.copy_(gathered.logprobs)
-    plain = LogprobsTensors.empty_cpu(2, 3)  # other requests' buffers are vLLM's
+    plain = LogprobsTensors.empty_cpu(2, 3)  # other requests' buffers are vLLM's, zeroed
     assert plain.logprob_token_ids.shape == (2, 3)
+    for tensor in (plain.logprob_token_ids, plain.logprobs, plain.selected_token_ranks):
+        assert not tensor.any()
+
+
+BLOCK = 4
+
+
+def kv_cache_manager():
+    """vLLM's prefix-caching manager over one group of 4-token blocks, none computed yet."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    init_none_hash(sha256)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    config = KVCacheConfig(num_blocks=20, kv_cache_tensors=[],
+                           kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return KVCacheManager(config, max_model_len=64, scheduler_block_size=BLOCK, hash_block_size=BLOCK,
+                          enable_caching=True)
+
+
+def scheduler_request(name: str, prompt: list[int], **params):
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    return Request(name, prompt, SamplingParams(max_tokens=1, **params), None,
+                   block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+@pytest.mark.parametrize("limit, hit", [(6, 4), (8, 8), (3, 0), (20, 12)])
+def test_a_spans_cache_hit_stops_at_its_limit_in_whole_blocks(limit, hit):
+    register()
+    manager, prompt = kv_cache_manager(), list(range(10, 23))  # 13 tokens: 3 whole blocks
+    first = scheduler_request("first", prompt)
+    nothing_cached, _, _ = manager.get_computed_blocks(first)
+    manager.allocate_slots(first, len(prompt), 0, nothing_cached)  # computed, and cached
+    span = scheduler_request("span", prompt, prompt_logprobs=1, skip_reading_prefix_cache=False,
+                             extra_args={PREFIX_CACHE_LIMIT: limit})
+    blocks, tokens, _ = manager.get_computed_blocks(span)
+    assert (tokens, len(blocks.blocks[0]) * BLOCK) == (hit, hit)
+    assert manager.get_computed_blocks(scheduler_request("plain", prompt))[1] == 12
 
 
 def rows_and_top_k(logits: np.ndarray, prompt: list[int], k: int):

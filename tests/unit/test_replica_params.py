@@ -1,0 +1,37 @@
+"""What the replica asks of vLLM for each request's log-probabilities: labels, the full
+vocabulary, and how much of the prefix cache a scored span may read."""
+
+import pytest
+
+from probserve.engine.replica import logprob_params
+from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
+from probserve.engine.wire import EngineRequest
+
+
+def request(**fields) -> EngineRequest:
+    return EngineRequest(prompt_token_ids=[1, 2, 3, 4], max_tokens=1, temperature=0.0, top_p=1.0, **fields)
+
+
+def test_a_span_reads_the_cache_up_to_the_position_that_scores_its_first_token():
+    params = logprob_params(request(prompt_logprobs=2, prompt_rows_from=3))
+    assert params == {"logprobs": None, "prompt_logprobs": 2, "skip_reading_prefix_cache": False,
+                      "extra_args": {PREFIX_CACHE_LIMIT: 2}}
+
+
+def test_labels_and_the_cache_limit_travel_together():
+    params = logprob_params(request(logprobs=0, prompt_logprobs=0, logprob_token_ids=[7, 9],
+                                    prompt_rows_from=2))
+    assert params["extra_args"] == {PROMPT_LABELS: [7, 9], PREFIX_CACHE_LIMIT: 1}
+    assert params["prompt_logprobs"] == 2 and params["logprob_token_ids"] == [7, 9]
+
+
+@pytest.mark.parametrize("fields", [{"prompt_logprobs": 1, "prompt_rows_from": 1},
+                                    {"prompt_logprobs": 1}, {"prompt_rows_from": 3},
+                                    {"prompt_logprobs": -1, "prompt_rows_from": 3}])
+def test_vllm_decides_when_every_row_is_shown_or_none_is_asked(fields):
+    assert "skip_reading_prefix_cache" not in logprob_params(request(**fields))
+    assert PREFIX_CACHE_LIMIT not in (logprob_params(request(**fields))["extra_args"] or {})
+
+
+def test_the_full_vocabulary_is_marked():
+    assert logprob_params(request(prompt_logprobs=-1))["extra_args"] == {FULL_VOCAB: True}
