@@ -56,6 +56,18 @@ class Capabilities(Strict):
         return self
 
 
+class ScoredCacheConfig(Strict):
+    """Each model replica's scored-prefix cache (probserve.engine.scored_cache)."""
+
+    enabled: bool = True
+    max_bytes: int = Field(256 << 20, ge=0)
+    # Top-k entries kept per position: requests for up to this many are served from it.
+    top_k: int = Field(5, ge=0)
+    # Entries are each tenant's own unless shared: a shared cache lets one tenant time whether
+    # another sent a prompt.
+    shared: bool = False
+
+
 class ModelConfig(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
     # A local Hugging Face folder; when absent, the embedded model of this name.
@@ -79,6 +91,7 @@ class ModelConfig(Strict):
     health_check_timeout_s: float = Field(30, gt=0)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
+    scored_cache: ScoredCacheConfig = ScoredCacheConfig()
 
     @model_validator(mode="after")
     def path_or_embedded(self) -> "ModelConfig":

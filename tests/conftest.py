@@ -8,6 +8,7 @@ E2E = pathlib.Path(__file__).parent / "e2e"
 OWN_CLUSTER = {"test_multinode.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         path = pathlib.Path(item.fspath)

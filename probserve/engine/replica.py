@@ -11,6 +11,7 @@ import ray
 from ray import serve
 
 from probserve.config import ModelConfig
+from probserve.engine.scored_cache import ScoredPrefixCache
 from probserve.engine.shared_prefix import InFlightPrefixes
 from probserve.engine.vllm_fence import (
     FULL_VOCAB,
@@ -172,7 +173,10 @@ class ModelReplica:
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
         self.engine = AsyncLLM.from_engine_args(engine_args(model),
                                                 stat_loggers=[RayPrometheusStatLogger])
-        self.prefixes = InFlightPrefixes(self.engine.vllm_config.cache_config.block_size)
+        block = self.engine.vllm_config.cache_config.block_size
+        self.prefixes = InFlightPrefixes(block)
+        scoring = model.scored_cache
+        self.scored = ScoredPrefixCache(block, scoring.top_k, scoring.max_bytes) if scoring.enabled else None
         # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
         for request in WARM_UP:
             await self.generate(request)
@@ -186,18 +190,37 @@ class ModelReplica:
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         final, generated = None, 0
         try:
-            async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens()):
-                async for output in self.engine.generate(prompt, sampling_params(request, stream),
-                                                         f"{self.model.name}-{uuid.uuid4().hex}"):
-                    final = output
-                    generated += sum(len(c.token_ids) for c in output.outputs)
-                    yield output
+            async for output in self.engine.generate(prompt, sampling_params(request, stream),
+                                                     f"{self.model.name}-{uuid.uuid4().hex}"):
+                final = output
+                generated += sum(len(c.token_ids) for c in output.outputs)
+                yield output
         except EngineDeadError as error:
             raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
                                     "a new replica is being started") from None
         self.metrics.served(engine_stats(final, generated))
 
+    def uses_scored_cache(self, request: EngineRequest) -> bool:
+        return self.scored is not None and self.scored.eligible(request)
+
+    def readable_tokens(self, request: EngineRequest) -> int:
+        """What the request may read from the KV cache once a request with its prefix ends."""
+        if self.uses_scored_cache(request):
+            return len(request.prompt_token_ids) - 1
+        return request.cache_readable_tokens()
+
     async def generate(self, request: EngineRequest) -> EngineResult:
+        async with self.prefixes.turn(request.prompt_token_ids, self.readable_tokens(request)):
+            if not self.uses_scored_cache(request):
+                return await self.final_result(request)
+            namespace = "" if self.model.scored_cache.shared else request.tenant
+            plan = self.scored.plan(request, namespace)
+            result = self.scored.complete(plan, await self.final_result(plan.engine_request))
+            from_cache = plan.known.count if plan.known is not None else 0
+            self.metrics.scored(from_cache, len(request.prompt_token_ids) - 1 - from_cache, self.scored.bytes)
+            return result
+
+    async def final_result(self, request: EngineRequest) -> EngineResult:
         final = None
         async for output in self.outputs(request, stream=False):
             final = output
@@ -205,8 +228,9 @@ class ModelReplica:
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
-        async for output in self.outputs(request, stream=True):
-            yield engine_result(output, request.sent_at)
+        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens()):
+            async for output in self.outputs(request, stream=True):
+                yield engine_result(output, request.sent_at)
 
     async def check_health(self) -> None:
         await self.engine.check_health()

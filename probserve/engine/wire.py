@@ -42,6 +42,7 @@ class EngineRequest:
     logprob_token_ids: list[int] | None = None
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
+    tenant: str = ""  # the caller's: its own entries in the scored-prefix cache
 
     def cache_readable_tokens(self) -> int:
         """How many leading prompt tokens the engine may read from its prefix cache: vLLM's

@@ -7,6 +7,7 @@ Nothing invalid reaches a model replica: every check runs before any replica cal
 """
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -204,7 +205,8 @@ class Ingress:
         await self.access.charge_prompt(call.tenant, call.record, admitted.full_vocab_positions)
 
     async def send(self, call: Call, admitted: Admitted) -> list[EngineResult]:
-        results = await self.engines.generate(call.model.name, admitted.engine_requests)
+        requests = [dataclasses.replace(r, tenant=call.record.tenant) for r in admitted.engine_requests]
+        results = await self.engines.generate(call.model.name, requests)
         call.record.generated_tokens = completions.completion_tokens(results, call.body.n)
         call.record.queue_time_s = max((r.queue_time_s for r in results if r.queue_time_s is not None),
                                        default=None)

@@ -61,6 +61,11 @@ METRICS = [
            "Prompt tokens the engine computed (prompt tokens less those found in its prefix cache)"),
     Metric("probserve_prefix_cache_read_tokens_total", "counter", ("model",),
            "Prompt tokens the engine read from its prefix cache instead of computing them"),
+    Metric("probserve_scored_positions_total", "counter", ("model", "source"),
+           "Prompt rows of requests the scored-prefix cache takes (echo, prompt_logprobs up to its "
+           "top-k), by source: cache (served from it) or engine (computed)"),
+    Metric("probserve_scored_cache_bytes", "gauge", ("model",),
+           "Bytes a model replica's scored-prefix cache holds"),
     Metric("probserve_generation_tokens_total", "counter", ("model",),
            "Tokens the engine generated"),
     Metric("probserve_request_prefill_tokens_per_second", "histogram", ("model",),
@@ -103,22 +108,25 @@ class HeldGauge:
     exporting a gauge series that was not set within two report intervals, so, once used,
     it is set again every `refresh_s` seconds: an idle replica's zero stays visible."""
 
-    def __init__(self, name: str, refresh_s: float = 5.0):
-        self.gauge, self.refresh_s = recorder(name), refresh_s
+    def __init__(self, name: str, refresh_s: float = 5.0, tags: dict[str, str] | None = None):
+        self.gauge, self.refresh_s, self.tags = recorder(name), refresh_s, tags
         self.value = 0
         self.refresher: asyncio.Task | None = None
 
     def change(self, by: int) -> None:
+        self.set(self.value + by)
+
+    def set(self, value: int) -> None:
         """Called on the replica's event loop."""
-        self.value += by
-        self.gauge.set(self.value)
+        self.value = value
+        self.gauge.set(self.value, self.tags)
         if self.refresher is None:
             self.refresher = asyncio.get_running_loop().create_task(self.refresh())
 
     async def refresh(self) -> None:
         while True:
             await asyncio.sleep(self.refresh_s)
-            self.gauge.set(self.value)
+            self.gauge.set(self.value, self.tags)
 
 
 class IngressMetrics:
@@ -189,6 +197,8 @@ class ReplicaMetrics:
         self.prompt = recorder("probserve_prompt_tokens_total")
         self.prefill = recorder("probserve_prefill_tokens_total")
         self.cache_read = recorder("probserve_prefix_cache_read_tokens_total")
+        self.scored_positions = recorder("probserve_scored_positions_total")
+        self.scored_bytes = HeldGauge("probserve_scored_cache_bytes", tags=self.tags)
         self.generation = recorder("probserve_generation_tokens_total")
         self.prefill_rate = recorder("probserve_request_prefill_tokens_per_second")
         self.prefill_time = recorder("probserve_request_prefill_time_seconds")
@@ -205,6 +215,12 @@ class ReplicaMetrics:
         if stats.prefill_time_s is not None and stats.prefill_time_s > 0:
             self.prefill_time.observe(stats.prefill_time_s, self.tags)
             self.prefill_rate.observe(computed / stats.prefill_time_s, self.tags)
+
+
+    def scored(self, from_cache: int, from_engine: int, cache_bytes: int) -> None:
+        for source, positions in (("cache", from_cache), ("engine", from_engine)):
+            self.scored_positions.inc(positions, {**self.tags, "source": source})
+        self.scored_bytes.set(cache_bytes)
 
 
 class PoolMetrics:

@@ -46,6 +46,23 @@ PANELS = [
             "generated {{model}}")),
           "Prompt tokens received, prompt tokens scored (echo, spans, prompt_logprobs) and tokens "
           "generated, per second."),
+    Panel("Prefix reuse", "short",
+          ((f"sum by (model) (rate(probserve_prefix_cache_read_tokens_total{{{MODEL}}}[{RATE}]))",
+            "KV cache reads {{model}}"),
+           (f'sum by (model) (rate(probserve_scored_positions_total{{source="cache", {MODEL}}}[{RATE}]))',
+            "scored rows served {{model}}")),
+          "Prompt tokens read from the engines' prefix cache instead of computed, and prompt rows "
+          "served from the scored-prefix cache, per second."),
+    Panel("Scored-prefix cache", "percentunit",
+          ((f'sum by (model) (rate(probserve_scored_positions_total{{source="cache", {MODEL}}}[{RATE}])) / '
+            f"sum by (model) (rate(probserve_scored_positions_total{{{MODEL}}}[{RATE}]))",
+            "hit ratio {{model}}"),),
+          "Prompt rows the scored-prefix cache served over all it was asked for (echo and "
+          "prompt_logprobs up to its top-k): low on traffic that shares no prefixes."),
+    Panel("Scored-prefix cache size", "bytes",
+          ((f"sum by (model) (probserve_scored_cache_bytes{{{MODEL}}})", "{{model}}"),),
+          "Bytes the model replicas' scored-prefix caches hold, against `scored_cache.max_bytes` "
+          "per replica."),
     Panel("Request latency", "s", quantiles("probserve_request_duration_seconds", "endpoint"),
           "Arrival at the ingress to the last byte, by endpoint."),
     Panel("Time to first byte", "s", quantiles("probserve_time_to_first_byte_seconds", "endpoint"),

@@ -29,6 +29,7 @@ def counters(prometheus) -> dict[str, float]:
         "prompt": f"sum(probserve_prompt_tokens_total{{{WORKLOAD_MODEL}}})",
         "prefill": f"sum(probserve_prefill_tokens_total{{{WORKLOAD_MODEL}}})",
         "cache_read": f"sum(probserve_prefix_cache_read_tokens_total{{{WORKLOAD_MODEL}}})",
+        "scored_served": f'sum(probserve_scored_positions_total{{{WORKLOAD_MODEL}, source="cache"}})',
         "prefill_seconds": f"sum(probserve_request_prefill_time_seconds_sum{{{WORKLOAD_MODEL}}})",
         "prefill_requests": f"sum(probserve_request_prefill_time_seconds_count{{{WORKLOAD_MODEL}}})",
         "generation": f"sum(probserve_generation_tokens_total{{{WORKLOAD_MODEL}}})",
@@ -59,7 +60,8 @@ def settled(prometheus, expected: dict[str, float] | None = None) -> dict[str, f
 
 def workload(http) -> dict[str, float]:
     """Requests of known size; returns what each counter must grow by, and the wall time."""
-    sent = dict.fromkeys(["prompt", "scored", "completion", "ok", "rows", "requests", "cache_read"], 0)
+    sent = dict.fromkeys(["prompt", "scored", "completion", "ok", "rows", "requests", "cache_read",
+                          "scored_served"], 0)
     started = time.monotonic()
     for length in (12, 20, 33):
         body = {"model": MODEL, "prompt": unique_prompt(length), "max_tokens": 3, "echo": True,
@@ -80,16 +82,19 @@ def workload(http) -> dict[str, float]:
     sent["scored"] += 17
     sent["rows"] += 16  # position 0 has no distribution
     sent["completion"] += answer["usage"]["completion_tokens"]
-    # One span of a 200-token prompt, twice: the second reads the first 128-token block of
-    # its prefix from the cache (its limit, 149 tokens, cut to whole blocks).
+    # A span of a 200-token prompt, twice: the second reads the first 128-token block of its
+    # prefix from the KV cache (its limit, 149 tokens, cut to whole blocks). Another prompt
+    # echoed twice: the second gets rows 1-128 from the scored-prefix cache and reads their
+    # block from the KV cache.
     span = {"model": MODEL, "prompt": unique_prompt(200), "max_tokens": 1, "logprob_start_len": 150}
-    for _ in range(2):
-        answer = http.post("/v1/completions", json=span).json()
+    echo = {"model": MODEL, "prompt": unique_prompt(200), "max_tokens": 1, "echo": True, "logprobs": 1}
+    for body, scored in [(span, 50), (span, 50), (echo, 200), (echo, 200)]:
+        answer = http.post("/v1/completions", json=body).json()
         sent["prompt"] += 200
-        sent["scored"] += 50
+        sent["scored"] += scored
         sent["completion"] += answer["usage"]["completion_tokens"]
-    sent["cache_read"] = 128
-    sent["requests"] = sent["ok"] = 7
+    sent["cache_read"], sent["scored_served"] = 2 * 128, 128
+    sent["requests"] = sent["ok"] = 9
     sent["wall_s"] = time.monotonic() - started
     for body, status in [({"model": MODEL, "prompt": "x", "max_tokens": -1}, 400),
                          ({"model": "no-such-model", "prompt": "x"}, 404)]:
@@ -106,6 +111,7 @@ def test_counters_equal_what_was_sent(http, prometheus, capsys):
         # Random prompts share no cached prefix: every prompt token is computed but the span's.
         "prefill": before["prefill"] + sent["prompt"] - sent["cache_read"],
         "cache_read": before["cache_read"] + sent["cache_read"],
+        "scored_served": before["scored_served"] + sent["scored_served"],
         "generation": before["generation"] + sent["completion"],
         "scored": before["scored"] + sent["scored"],
         "completion": before["completion"] + sent["completion"],

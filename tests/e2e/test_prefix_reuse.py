@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
+from probserve.config import ScoredCacheConfig
 from tests.e2e.conftest import FAMILIES, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
 
@@ -24,20 +25,34 @@ SCORES = {"top-k": {"logprobs": 5}, "labels": {"logprob_token_ids": [10, 11, 12]
 SETTLE_S = 30
 
 
-def cache_reads(metrics_url: str, model: str) -> float:
-    """The model's prefix-cache reads as its replicas export them (Ray's metrics agent)."""
+KV_READS = "probserve_prefix_cache_read_tokens_total"
+SCORED_SERVED = "probserve_scored_positions_total"  # source="cache"
+
+
+def exported(metrics_url: str, metric: str, model: str) -> float:
+    """A counter of the model's replicas as Ray's metrics agent exports it (`source="cache"`
+    where the counter has sources)."""
     text = httpx.get(metrics_url, timeout=30).text
-    labels = rf'{{[^}}]*model="{re.escape(model)}"[^}}]*}}'
-    pattern = rf"^ray_probserve_prefix_cache_read_tokens_total{labels} (\S+)$"
-    return sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
+    series = re.findall(rf"^ray_{metric}{{([^}}]*)}} (\S+)$", text, re.MULTILINE)
+    return sum(float(value) for labels, value in series
+               if f'model="{model}"' in labels and ("source=" not in labels or 'source="cache"' in labels))
+
+
+def grown(metrics_url: str, metric: str, model: str, before: float, expected: int) -> float:
+    """How much the counter grew since `before`, once it grew by `expected` (Ray reports every
+    2 s) or SETTLE_S passed."""
+    deadline = time.monotonic() + SETTLE_S
+    while (now := exported(metrics_url, metric, model) - before) < expected and time.monotonic() < deadline:
+        time.sleep(1)
+    return now
+
+
+def cache_reads(metrics_url: str, model: str) -> float:
+    return exported(metrics_url, KV_READS, model)
 
 
 def reads_after(metrics_url: str, model: str, before: float, expected: int) -> float:
-    """The reads since `before`, once they reach `expected` (Ray reports every 2 s)."""
-    deadline = time.monotonic() + SETTLE_S
-    while (grown := cache_reads(metrics_url, model) - before) < expected and time.monotonic() < deadline:
-        time.sleep(1)
-    return grown
+    return grown(metrics_url, KV_READS, model, before, expected)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +60,7 @@ def metrics_url(base_url, metrics_port):
     return f"http://127.0.0.1:{metrics_port}/metrics"
 
 
-def context_and_choices(reference, seed: str) -> tuple[list[int], list[list[int]]]:
+def context_and_choices(reference, seed: str, extra: int = 0) -> tuple[list[int], list[list[int]]]:
     """A context of two blocks of random ids (no other request shares its prefix) and four
     short continuations. Each choice's prompt fills a third block in part: the cache holds
     both blocks of the context, but a span from the context's end may read only the first
@@ -53,7 +68,7 @@ def context_and_choices(reference, seed: str) -> tuple[list[int], list[list[int]
     rng = random.Random(seed)
     size = len(reference.tokenizer)
     pick = lambda count: [rng.randrange(10, min(size, 250)) for _ in range(count)]  # noqa: E731
-    return pick(2 * BLOCK), [pick(rng.randrange(1, 4)) for _ in range(CHOICES)]
+    return pick(2 * BLOCK + extra), [pick(rng.randrange(1, 4)) for _ in range(CHOICES)]
 
 
 FIELDS = ("tokens", "token_ids", "token_logprobs", "top_logprobs")
@@ -102,22 +117,80 @@ def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
         assert_same_span(cached, echoed_from(complete, family, ids, start, **fields))
 
 
+# Sent together as a span (each follower reads the context's first block from the KV cache,
+# as far as its span allows) or echoed (the context's two whole blocks from the scored cache).
+TOGETHER = {"span": (0, BLOCK), "echo": (50, 2 * BLOCK)}
+
+
+@pytest.mark.parametrize("form", TOGETHER)
 @pytest.mark.parametrize("family", [family for family in FAMILIES if family != SMALL_QUEUE_MODEL])
-def test_choices_sent_together_compute_their_context_once(complete, references, metrics_url, family):
+def test_choices_sent_together_compute_their_context_once(complete, references, metrics_url, family, form):
     """One batch of the four choices: the ingress sends its prompts to the engine at once, and
     the three that find the first computing their context wait for it, then read it. (Not on
     the model whose queue the overload tests keep at two in flight and two waiting.)"""
-    reference = references[family]
-    context, choices = context_and_choices(reference, seed=f"{family}/together")
+    reference, (extra, read) = references[family], TOGETHER[form]
+    context, choices = context_and_choices(reference, seed=f"{family}/together/{form}", extra=extra)
     start = len(context)
+    fields = {"logprob_start_len": start} if form == "span" else {"echo": True}
     before = cache_reads(metrics_url, family)
     answer = complete(model=family, prompt=[context + choice for choice in choices], max_tokens=1,
-                      temperature=0, logprob_start_len=start, logprobs=1)
-    hits = (CHOICES - 1) * ((start - 1) // BLOCK * BLOCK)
+                      temperature=0, logprobs=1, **fields)
+    hits = (CHOICES - 1) * read
     assert reads_after(metrics_url, family, before, hits) == hits
+    first = 0 if form == "span" else start
     for choice, answered in zip(choices, sorted(answer["choices"], key=lambda c: c["index"]), strict=True):
         ids = context + choice
         rows = reference.prompt_rows(ids)
-        assert answered["logprobs"]["token_ids"][:len(choice)] == choice
-        np.testing.assert_allclose(answered["logprobs"]["token_logprobs"][:len(choice)],
+        assert answered["logprobs"]["token_ids"][first:first + len(choice)] == choice
+        np.testing.assert_allclose(answered["logprobs"]["token_logprobs"][first:first + len(choice)],
                                    [rows[p][ids[p]] for p in range(start, len(ids))], atol=TOLERANCE)
+
+
+# The scored-prefix cache: requests that show every prompt row (echo, prompt_logprobs up to its
+# top-k) get the rows of a scored prefix from it. Its blocks are the KV cache's: block b holds
+# positions 128b + 1 .. 128(b + 1), so the choices of a 306-token context share its first 256.
+CACHED_TOP_K = ScoredCacheConfig().top_k
+HARNESS = {"echo": {"echo": True, "logprobs": 1}, "top-5 echo": {"echo": True, "logprobs": CACHED_TOP_K},
+           "prompt_logprobs": {"prompt_logprobs": 2}}
+
+
+def scored(complete, model: str, ids: list[int], **fields) -> dict:
+    return complete(model=model, prompt=ids, max_tokens=1, temperature=0, **fields)["choices"][0]
+
+
+def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
+    """Every prompt row of an answer as another (with a wider prompt top-k) gives it: the
+    echoed logprobs, and each prompt_logprobs entry if asked."""
+    if cached["logprobs"] is not None:
+        assert_same_span(*({field: choice["logprobs"][field][:length] for field in FIELDS}
+                           for choice in (cached, uncached)))
+    if "prompt_logprobs" not in cached:
+        return
+    for at, expected in zip(cached["prompt_logprobs"], uncached["prompt_logprobs"], strict=True):
+        assert (at is None) == (expected is None)
+        for token, entry in (at or {}).items():
+            assert entry["rank"] == expected[token]["rank"]
+            assert abs(entry["logprob"] - expected[token]["logprob"]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("shape", HARNESS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
+        complete, references, metrics_url, family, shape):
+    reference, fields = references[family], HARNESS[shape]
+    context, choices = context_and_choices(reference, seed=f"{family}/{shape}", extra=50)
+    known = (len(context) - 1) // BLOCK * BLOCK  # rows 1..256: the blocks within the context
+    for index, choice in enumerate(choices):
+        ids = context + choice
+        before = exported(metrics_url, SCORED_SERVED, model=family), cache_reads(metrics_url, family)
+        cached = scored(complete, family, ids, **fields)
+        served = grown(metrics_url, SCORED_SERVED, family, before[0], known if index else 0)
+        assert served == (known if index else 0)
+        assert reads_after(metrics_url, family, before[1], known if index else 0) == (known if index else 0)
+        # prompt_logprobs above the cache's top-k: computed whole
+        uncached = scored(complete, family, ids, **{**fields, "prompt_logprobs": CACHED_TOP_K + 1})
+        assert_same_rows(cached, uncached, len(ids))
+        rows = reference.prompt_rows(ids)
+        if cached["logprobs"] is not None:
+            np.testing.assert_allclose(cached["logprobs"]["token_logprobs"][1:len(ids)],
+                                       [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
