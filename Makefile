@@ -31,7 +31,7 @@ servers:
 test: venv servers
 	$(VENV)/bin/ruff check probserve tests bench
 	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
-	$(PY) -m pytest tests -n 2 --dist loadgroup --durations=30
+	scripts/test.sh $(PY)
 
 unit: venv
 	$(PY) -m pytest tests -m "not e2e"
