@@ -31,7 +31,7 @@ servers:
 test: venv servers
 	$(VENV)/bin/ruff check probserve tests bench
 	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
-	scripts/test.sh $(PY)
+	$(PY) -m pytest tests --durations=30
 
 unit: venv
 	$(PY) -m pytest tests -m "not e2e"

@@ -1,9 +1,14 @@
-"""Multiple choice over shared contexts, as an evaluation suite sends it: probserve and vLLM's
-own OpenAI server, one after the other, in one run.
+"""Scoring over shared contexts, as an evaluation suite sends it: probserve and vLLM's own
+OpenAI server, one after the other, in one run.
 
-MMLU-shaped: each question is a context of about 650 tokens (text of this script's own making)
-followed by four choices of one to three words; every choice is one request of token ids with
-`max_tokens: 1`, 8 in flight, the four choices of a question sent together. Two request forms:
+Scenarios (text of this script's own making, sent as token ids with `max_tokens: 1`, 8 in
+flight, the requests of one context sent together):
+
+- mmlu: each question a context of about 650 tokens and four choices of one to three words;
+- continuations: one context of 1,000 tokens and 16 continuations of 8 to 24 tokens; its
+  ideal is one prefill of the context plus 16 short ones, measured on probserve too.
+
+Two request forms:
 
 - harness: what lm-evaluation-harness' `local-completions` sends (`echo: true`, `logprobs: 1`);
   it reads the choice's token logprobs from the echoed prompt;
@@ -15,6 +20,7 @@ Reports wall time, requests/s and the ratio to vLLM's server, and checks that bo
 probserve's choices the same log-probabilities as vLLM's (within 1e-3).
 
     .venv/bin/python bench/shared_context.py
+    .venv/bin/python bench/shared_context.py --scenario continuations
     .venv/bin/python bench/shared_context.py --questions 8 --targets probserve
 """
 
@@ -35,22 +41,26 @@ from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 PORT = 8313
 CONCURRENCY = 8
-CONTEXT_TOKENS = 650
+SCENARIOS = {"mmlu": (650, 4, (1, 3)), "continuations": (1000, 16, (4, 12))}  # tokens, choices, words
 WORDS = ("river mountain lantern harvest engine orbit violet copper meadow signal archive "
          "compass theory glacier market ribbon thunder canvas puzzle harbor falcon velvet "
          "quartz summit garden number letter window morning silver forest planet").split()
 
 
-def questions(tokenizer, count: int) -> list[tuple[list[int], list[list[int]]]]:
-    """`count` contexts of CONTEXT_TOKENS tokens, each with four choices of 1-3 words."""
+def questions(tokenizer, scenario: str, count: int) -> list[tuple[list[int], list[list[int]]]]:
+    """`count` contexts of the scenario's length, each with its choices."""
+    tokens, choices, (fewest, most) = SCENARIOS[scenario]
     rng = random.Random(0)
+
+    def words(count: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(count))
+
     made = []
     for index in range(count):
-        text = f"Question {index}. " + " ".join(rng.choice(WORDS) for _ in range(4 * CONTEXT_TOKENS))
-        context = tokenizer.encode(text)[:CONTEXT_TOKENS - 8] + tokenizer.encode("\nAnswer:")
-        choices = [tokenizer.encode(" " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))))
-                   for _ in range(4)]
-        made.append((context, choices))
+        context = tokenizer.encode(f"Question {index}. {words(4 * tokens)}")[:tokens - 8]
+        context += tokenizer.encode("\nAnswer:")
+        made.append((context, [tokenizer.encode(" " + words(rng.randint(fewest, most)))
+                               for _ in range(choices)]))
     return made
 
 
@@ -86,33 +96,50 @@ async def run(url: str, form: str, work: list) -> tuple[float, list[list[float]]
         return time.perf_counter() - started, results
 
 
-def measure(url: str, forms: list[str], work: list) -> dict:
-    asyncio.run(run(url, "harness", work[:1]))  # warm-up, on a question not measured
+def measure(url: str, runs: list[tuple[str, str]], warm_up: list, work: dict[str, list]) -> dict:
+    """Each (form, contexts) run: its wall time and logprobs. Each form has contexts of its
+    own, so that no run finds another's in a cache."""
+    asyncio.run(run(url, "harness", warm_up))
     found = {}
-    for form in forms:
-        seconds, logprobs = asyncio.run(run(url, form, work[1:]))
-        found[form] = (seconds, logprobs)
-        print(f"  {form:>8}: {len(logprobs)} requests in {seconds:.1f} s "
+    for form, contexts in runs:
+        seconds, logprobs = asyncio.run(run(url, form, work[contexts]))
+        found[form, contexts] = (seconds, logprobs)
+        print(f"  {form:>8} on the {contexts} contexts: {len(logprobs)} requests in {seconds:.1f} s "
               f"({len(logprobs) / seconds:.2f} req/s)", flush=True)
     return found
 
 
+def ideal(url: str, unseen: tuple, work: list) -> float:
+    """One prefill of each context (timed on a context of the same length no request sent
+    before) and each choice alone: the time a computation of each shared prefix once takes."""
+    context, _ = unseen
+    once = asyncio.run(run(url, "harness", [(context[:-1], [context[-1:]])]))[0]
+    choices = [(choice[:1], [choice[1:] or choice]) for _, choice_list in work for choice in choice_list]
+    return len(work) * once + asyncio.run(run(url, "harness", choices))[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=25, help="the first warms up")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="mmlu")
+    parser.add_argument("--questions", type=int, help="contexts (default: 24 for mmlu, 1 for continuations)")
     parser.add_argument("--targets", nargs="+", default=["vllm", "probserve"], choices=["vllm", "probserve"])
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
     apply_cache_environment()
     prepare(SMOLLM2)
-    work = questions(AutoTokenizer.from_pretrained(embedded_model_path(SMOLLM2)), options.questions)
+    count = options.questions or (24 if options.scenario == "mmlu" else 1)
+    made = questions(AutoTokenizer.from_pretrained(embedded_model_path(SMOLLM2)), options.scenario,
+                     2 * count + 2)
+    warm_up, unseen = made[:1], made[1]
+    work = {"harness": made[2:2 + count], "span": made[2 + count:]}
     results = {}
     if "vllm" in options.targets:
         print("vLLM's OpenAI server (probserve's engine settings):", flush=True)
         server = vllm_server(PORT, kv_cache_gib=1)
         try:
             local_ray.wait_healthy(f"http://127.0.0.1:{PORT}")
-            results["vllm"] = measure(f"http://127.0.0.1:{PORT}", ["harness"], work)
+            runs = [("harness", "harness"), ("harness", "span")]  # the span contexts: their numbers
+            results["vllm"] = measure(f"http://127.0.0.1:{PORT}", runs, warm_up, work)
         finally:
             server.terminate()
             server.wait()
@@ -121,7 +148,10 @@ def main() -> None:
         args, _, _ = cli.serve_config(options.config)
         url = local_ray.start(args, port=PORT, log_to_driver=False)
         try:
-            results["probserve"] = measure(url, ["harness", "span"], work)
+            results["probserve"] = measure(url, [("harness", "harness"), ("span", "span")], warm_up, work)
+            results["ideal"] = ideal(url, unseen, work["harness"])
+            print(f"  one prefill of each context, and each choice alone: {results['ideal']:.1f} s",
+                  flush=True)
         finally:
             local_ray.stop()
     report(results)
@@ -130,14 +160,17 @@ def main() -> None:
 def report(results: dict) -> None:
     if "vllm" not in results or "probserve" not in results:
         return
-    baseline_s, baseline = results["vllm"]["harness"]
-    print("\n| target, form | wall time | vs vLLM's server | largest logprob difference |")
+    baseline_s, _ = results["vllm"]["harness", "harness"]
+    print("\n| target, form | wall time | vs vLLM's server | largest logprob difference from vLLM's |")
     print("| --- | --- | --- | --- |")
     print(f"| vLLM's server, harness | {baseline_s:.1f} s | 1.00x | |")
-    for form, (seconds, logprobs) in results["probserve"].items():
-        difference = max(float(np.max(np.abs(np.subtract(ours, theirs))))
-                         for ours, theirs in zip(logprobs, baseline, strict=True))
+    for (form, contexts), (seconds, logprobs) in results["probserve"].items():
+        _, theirs = results["vllm"]["harness", contexts]
+        difference = max(float(np.max(np.abs(np.subtract(ours, vllms))))
+                         for ours, vllms in zip(logprobs, theirs, strict=True))
         print(f"| probserve, {form} | {seconds:.1f} s | {baseline_s / seconds:.2f}x | {difference:.1e} |")
+    print(f"| ideal: one prefill of each context, and each choice alone (on probserve) | "
+          f"{results['ideal']:.1f} s | {baseline_s / results['ideal']:.2f}x | |")
 
 
 if __name__ == "__main__":

@@ -63,9 +63,6 @@ class ScoredCacheConfig(Strict):
     max_bytes: int = Field(256 << 20, ge=0)
     # Top-k entries kept per position: requests for up to this many are served from it.
     top_k: int = Field(5, ge=0)
-    # Entries are each tenant's own unless shared: a shared cache lets one tenant time whether
-    # another sent a prompt.
-    shared: bool = False
 
 
 class ModelConfig(Strict):
@@ -92,6 +89,10 @@ class ModelConfig(Strict):
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
     scored_cache: ScoredCacheConfig = ScoredCacheConfig()
+    # The prefix caches (vLLM's KV cache, salted per tenant, and the scored-prefix cache) are
+    # each tenant's own unless shared: a shared cache lets one tenant time whether another
+    # sent a prompt.
+    shared_prefix_caches: bool = False
 
     @model_validator(mode="after")
     def path_or_embedded(self) -> "ModelConfig":

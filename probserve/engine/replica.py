@@ -4,6 +4,8 @@ Thin by design: it turns an EngineRequest into vLLM's SamplingParams and vLLM's 
 log-probability lists into compact arrays (probserve.engine.wire); all logic lives elsewhere.
 """
 
+import dataclasses
+import logging
 import os
 import uuid
 
@@ -34,6 +36,7 @@ from probserve.engine.wire import (
 from probserve.observe.metrics import EngineRequestStats, ReplicaMetrics
 from probserve.store.home import apply_cache_environment
 
+logger = logging.getLogger("probserve.replica")
 WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
                          logprobs=1, prompt_logprobs=k) for k in (1, -1)]
 
@@ -187,7 +190,9 @@ class ModelReplica:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        namespace = self.cache_namespace(request)
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids,
+                              **({"cache_salt": namespace} if namespace else {}))
         final, generated = None, 0
         try:
             async for output in self.engine.generate(prompt, sampling_params(request, stream),
@@ -200,6 +205,10 @@ class ModelReplica:
                                     "a new replica is being started") from None
         self.metrics.served(engine_stats(final, generated))
 
+    def cache_namespace(self, request: EngineRequest) -> str:
+        """Whose prefix caches the request reads and fills: its tenant's, unless shared."""
+        return "" if self.model.shared_prefix_caches else request.tenant
+
     def uses_scored_cache(self, request: EngineRequest) -> bool:
         return self.scored is not None and self.scored.eligible(request)
 
@@ -210,10 +219,10 @@ class ModelReplica:
         return request.cache_readable_tokens()
 
     async def generate(self, request: EngineRequest) -> EngineResult:
-        async with self.prefixes.turn(request.prompt_token_ids, self.readable_tokens(request)):
+        tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
+        async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace):
             if not self.uses_scored_cache(request):
                 return await self.final_result(request)
-            namespace = "" if self.model.scored_cache.shared else request.tenant
             plan = self.scored.plan(request, namespace)
             result = self.scored.complete(plan, await self.final_result(plan.engine_request))
             from_cache = plan.known.count if plan.known is not None else 0
@@ -221,14 +230,25 @@ class ModelReplica:
             return result
 
     async def final_result(self, request: EngineRequest) -> EngineResult:
+        final = await self.final_output(request)
+        if (final.num_cached_tokens or 0) > request.cache_readable_tokens():
+            # Rows past the limit were never computed: compute the prompt whole instead.
+            logger.error("model %s: the engine read %d cached tokens, more than the %d allowed; "
+                         "computing the prompt again without its cache", self.model.name,
+                         final.num_cached_tokens, request.cache_readable_tokens())
+            final = await self.final_output(dataclasses.replace(request, prompt_rows_from=0))
+        return engine_result(final, request.sent_at)
+
+    async def final_output(self, request: EngineRequest):
         final = None
         async for output in self.outputs(request, stream=False):
             final = output
-        return engine_result(final, request.sent_at)
+        return final
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
-        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens()):
+        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
+                                      self.cache_namespace(request)):
             async for output in self.outputs(request, stream=True):
                 yield engine_result(output, request.sent_at)
 

@@ -17,10 +17,10 @@ class InFlight:
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def block_keys(token_ids: list[int], block_size: int, tokens: int) -> list[int]:
-    """One key per whole block of `token_ids[:tokens]`, each standing for the whole prefix up
-    to that block's end (a chain, as vLLM hashes its blocks)."""
-    keys, key = [], 0
+def block_keys(token_ids: list[int], block_size: int, tokens: int, namespace: str = "") -> list[int]:
+    """One key per whole block of `token_ids[:tokens]`, each standing for the namespace and the
+    whole prefix up to that block's end (a chain, as vLLM hashes its blocks)."""
+    keys, key = [], hash(namespace)
     for end in range(block_size, tokens + 1, block_size):
         key = hash((key, tuple(token_ids[end - block_size:end])))
         keys.append(key)
@@ -42,16 +42,18 @@ class InFlightPrefixes:
         return None, 0
 
     @contextlib.asynccontextmanager
-    async def turn(self, token_ids: list[int], readable: int):
-        """Waits, if a request computing now covers at least half of these tokens' prompt
-        within the `readable` first ones (what this request may read from the cache), for it
-        to end; then holds this request's own blocks as in flight until the block exits."""
-        readable_keys = block_keys(token_ids, self.block_size, readable)
+    async def turn(self, token_ids: list[int], readable: int, leads: bool, namespace: str = ""):
+        """Waits, if a request of the namespace computing now covers at least half of these
+        tokens' prompt within the `readable` first ones (what this request may read from the
+        cache), for it to end; then, if it `leads` (its end comes soon after its prefill: a
+        scoring request), holds its own blocks as in flight until the block exits."""
+        readable_keys = block_keys(token_ids, self.block_size, readable, namespace)
         leader, blocks = self.leader(readable_keys)
         if leader is not None and 2 * blocks * self.block_size >= len(token_ids):
             await leader.done.wait()
         mine = InFlight()
-        keys = [k for k in block_keys(token_ids, self.block_size, len(token_ids)) if k not in self.computing]
+        prefixes = block_keys(token_ids, self.block_size, len(token_ids), namespace) if leads else []
+        keys = [k for k in prefixes if k not in self.computing]
         self.computing.update(dict.fromkeys(keys, mine))
         try:
             yield

@@ -16,6 +16,10 @@ def token_array(token_ids) -> np.ndarray:
     return np.asarray(token_ids, np.int32)
 
 
+# Generated tokens a request scoring its prompt may ask for and still be waited for.
+SCORING_MAX_TOKENS = 16
+
+
 class EngineUnavailable(Exception):
     """Raised by a model replica whose vLLM engine has stopped (its process died): the
     request gets 503 `not_ready` while Ray Serve replaces the replica."""
@@ -43,6 +47,11 @@ class EngineRequest:
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
     tenant: str = ""  # the caller's: its own entries in the scored-prefix cache
+
+    def scores(self) -> bool:
+        """A scoring request: prompt rows, and so few tokens to generate that it ends soon
+        after its prefill (requests that share its prefix may wait for it)."""
+        return self.prompt_logprobs is not None and self.max_tokens <= SCORING_MAX_TOKENS
 
     def cache_readable_tokens(self) -> int:
         """How many leading prompt tokens the engine may read from its prefix cache: vLLM's

@@ -219,7 +219,8 @@ class ReplicaMetrics:
 
     def scored(self, from_cache: int, from_engine: int, cache_bytes: int) -> None:
         for source, positions in (("cache", from_cache), ("engine", from_engine)):
-            self.scored_positions.inc(positions, {**self.tags, "source": source})
+            if positions:  # Ray's counters take positive increments only
+                self.scored_positions.inc(positions, {**self.tags, "source": source})
         self.scored_bytes.set(cache_bytes)
 
 

@@ -29,20 +29,23 @@ KV_READS = "probserve_prefix_cache_read_tokens_total"
 SCORED_SERVED = "probserve_scored_positions_total"  # source="cache"
 
 
-def exported(metrics_url: str, metric: str, model: str) -> float:
-    """A counter of the model's replicas as Ray's metrics agent exports it (`source="cache"`
-    where the counter has sources)."""
+def exported(metrics_url: str, metric: str, model: str, application: str = "probserve") -> float:
+    """A counter of the application's replicas of the model as Ray's metrics agent exports it
+    (`source="cache"` where the counter has sources)."""
     text = httpx.get(metrics_url, timeout=30).text
     series = re.findall(rf"^ray_{metric}{{([^}}]*)}} (\S+)$", text, re.MULTILINE)
-    return sum(float(value) for labels, value in series
-               if f'model="{model}"' in labels and ("source=" not in labels or 'source="cache"' in labels))
+    wanted = (f'model="{model}"', f'application="{application}"')
+    return sum(float(value) for labels, value in series if all(label in labels for label in wanted)
+               and ("source=" not in labels or 'source="cache"' in labels))
 
 
-def grown(metrics_url: str, metric: str, model: str, before: float, expected: int) -> float:
+def grown(metrics_url: str, metric: str, model: str, before: float, expected: int,
+          application: str = "probserve") -> float:
     """How much the counter grew since `before`, once it grew by `expected` (Ray reports every
     2 s) or SETTLE_S passed."""
     deadline = time.monotonic() + SETTLE_S
-    while (now := exported(metrics_url, metric, model) - before) < expected and time.monotonic() < deadline:
+    while ((now := exported(metrics_url, metric, model, application) - before) < expected
+           and time.monotonic() < deadline):
         time.sleep(1)
     return now
 
@@ -72,6 +75,7 @@ def context_and_choices(reference, seed: str, extra: int = 0) -> tuple[list[int]
 
 
 FIELDS = ("tokens", "token_ids", "token_logprobs", "top_logprobs")
+CACHED_TOP_K = ScoredCacheConfig().top_k
 
 
 def span(complete, model: str, ids: list[int], start: int, **fields) -> dict:
@@ -82,9 +86,11 @@ def span(complete, model: str, ids: list[int], start: int, **fields) -> dict:
 
 
 def echoed_from(complete, model: str, ids: list[int], start: int, **fields) -> dict:
-    """The prompt's logprobs from `start` on, echoed whole: computed without the cache."""
+    """The prompt's logprobs from `start` on, echoed whole and computed without any cache: with
+    labels, or with prompt_logprobs above the scored-prefix cache's top-k."""
+    uncached = {} if "logprob_token_ids" in fields else {"prompt_logprobs": CACHED_TOP_K + 1}
     logprobs = complete(model=model, prompt=ids, max_tokens=1, temperature=0, echo=True,
-                        **fields)["choices"][0]["logprobs"]
+                        **fields, **uncached)["choices"][0]["logprobs"]
     return {field: logprobs[field][start:len(ids)] for field in FIELDS}
 
 
@@ -149,7 +155,6 @@ def test_choices_sent_together_compute_their_context_once(complete, references, 
 # The scored-prefix cache: requests that show every prompt row (echo, prompt_logprobs up to its
 # top-k) get the rows of a scored prefix from it. Its blocks are the KV cache's: block b holds
 # positions 128b + 1 .. 128(b + 1), so the choices of a 306-token context share its first 256.
-CACHED_TOP_K = ScoredCacheConfig().top_k
 HARNESS = {"echo": {"echo": True, "logprobs": 1}, "top-5 echo": {"echo": True, "logprobs": CACHED_TOP_K},
            "prompt_logprobs": {"prompt_logprobs": 2}}
 
@@ -162,8 +167,8 @@ def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
     """Every prompt row of an answer as another (with a wider prompt top-k) gives it: the
     echoed logprobs, and each prompt_logprobs entry if asked."""
     if cached["logprobs"] is not None:
-        assert_same_span(*({field: choice["logprobs"][field][:length] for field in FIELDS}
-                           for choice in (cached, uncached)))
+        assert_same_span(*({field: choice["logprobs"][field][1:length] for field in FIELDS}
+                           for choice in (cached, uncached)))  # position 0 has no logprob
     if "prompt_logprobs" not in cached:
         return
     for at, expected in zip(cached["prompt_logprobs"], uncached["prompt_logprobs"], strict=True):

@@ -11,6 +11,7 @@ import time
 import uuid
 
 import httpx
+import numpy as np
 import pytest
 from ray import serve
 
@@ -19,6 +20,8 @@ from probserve.store.model_store import TINY, TINY_BOS
 from probserve.tenants import keyring
 from probserve.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
 from tests.e2e.conftest import free_port
+from tests.e2e.reference import TOLERANCE
+from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
 
 APP, PREFIX = "tenancy", "/tenancy"
@@ -241,6 +244,25 @@ def test_usage_reads_back_what_the_tenant_sent(url, keys, prometheus):
         assert time.monotonic() < deadline, "the tenant's prompt tokens never reached Prometheus"
         time.sleep(1)
     assert prometheus.value(query) == after["prompt_tokens"]
+
+
+def test_each_tenant_has_its_own_prefix_caches(url, keys, metrics_port):
+    """The same prompt, echoed: its second time for one tenant comes from the scored-prefix
+    cache, its first for another tenant computes it all (and reads no KV block) with the same
+    numbers."""
+    metrics_url, prompt = f"http://127.0.0.1:{metrics_port}/metrics", list(range(300, 600))
+    answers = []
+    for tenant, served in (("beta", 0), ("beta", 256), ("flood", 0)):
+        before = [exported(metrics_url, metric, TINY, APP) for metric in (SCORED_SERVED, KV_READS)]
+        answer = complete(url, as_(keys, tenant), prompt=prompt, max_tokens=1, echo=True, logprobs=1)
+        assert answer.status_code == 200, answer.text
+        answers.append(answer.json()["choices"][0]["logprobs"])
+        for metric, start in zip((SCORED_SERVED, KV_READS), before, strict=True):
+            assert grown(metrics_url, metric, TINY, start, served, APP) == served, (tenant, metric)
+    for answer in answers[1:]:  # the prompt's rows (the sampled token after them may differ)
+        assert answer["tokens"][:len(prompt)] == answers[0]["tokens"][:len(prompt)]
+        np.testing.assert_allclose(answer["token_logprobs"][1:len(prompt)],
+                                   answers[0]["token_logprobs"][1:len(prompt)], atol=TOLERANCE)
 
 
 def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_server):

@@ -18,13 +18,13 @@ def test_a_prefix_key_stands_for_everything_before_it():
     assert len(block_keys(list(range(11)), BLOCK, 11)) == 2 and block_keys([1, 2], BLOCK, 2) == []
 
 
-def run(prompts: list[tuple[list[int], int]]) -> list[str]:
+def run(prompts: list[tuple[list[int], int]], leads: bool = True) -> list[str]:
     """Starts each request in order while the earlier ones still compute; returns the order in
     which they reached the engine and finished."""
     prefixes, events = InFlightPrefixes(BLOCK), []
 
     async def request(name: str, token_ids: list[int], readable: int, release: asyncio.Event):
-        async with prefixes.turn(token_ids, readable):
+        async with prefixes.turn(token_ids, readable, leads):
             events.append(f"{name} computes")
             await release.wait()
         events.append(f"{name} done")
@@ -57,4 +57,9 @@ def test_no_wait_without_a_shared_prefix_or_where_the_cache_may_not_be_read():
 
 def test_no_wait_for_a_prefix_that_is_a_small_part_of_the_prompt():
     events = run([(CONTEXT[:4] + [1], 4), (CONTEXT[:4] + list(range(20)), 23)])
+    assert events[:2] == ["0 computes", "1 computes"]
+
+
+def test_no_wait_for_a_request_that_does_more_than_score():
+    events = run([(CONTEXT + [1], 12), (CONTEXT + [2], 12)], leads=False)
     assert events[:2] == ["0 computes", "1 computes"]
