@@ -23,6 +23,7 @@ CHOICES = 4
 # the same prompt is computed without reading the cache.
 SCORES = {"top-k": {"logprobs": 5}, "labels": {"logprob_token_ids": [10, 11, 12]}}
 SETTLE_S = 30
+REPORT_S = 2.5  # Ray's metrics report interval in the tests, and a little
 
 
 KV_READS = "probserve_prefix_cache_read_tokens_total"
@@ -41,13 +42,16 @@ def exported(metrics_url: str, metric: str, model: str, application: str = "prob
 
 def grown(metrics_url: str, metric: str, model: str, before: float, expected: int,
           application: str = "probserve") -> float:
-    """How much the counter grew since `before`, once it grew by `expected` (Ray reports every
-    2 s) or SETTLE_S passed."""
+    """How much the counter grew since `before`, once it grew by `expected` (or SETTLE_S
+    passed) and one more of Ray's reports (every 2 s) brought nothing more."""
     deadline = time.monotonic() + SETTLE_S
-    while ((now := exported(metrics_url, metric, model, application) - before) < expected
-           and time.monotonic() < deadline):
+    def now() -> float:
+        return exported(metrics_url, metric, model, application) - before
+
+    while now() < expected and time.monotonic() < deadline:
         time.sleep(1)
-    return now
+    time.sleep(REPORT_S)
+    return now()
 
 
 def cache_reads(metrics_url: str, model: str) -> float:
@@ -111,16 +115,17 @@ def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
     context, choices = context_and_choices(reference, seed=f"{family}/{scores}")
     start = len(context)
     hit = (start - 1) // BLOCK * BLOCK  # the cut: positions before start - 1, in whole blocks
-    for index, choice in enumerate(choices):
+    before = cache_reads(metrics_url, family)
+    for choice in choices:
         ids = context + choice
-        before = cache_reads(metrics_url, family)
         cached = span(complete, family, ids, start, **fields)
-        assert reads_after(metrics_url, family, before, hit if index else 0) == (hit if index else 0)
         assert cached["token_ids"] == choice
         rows = reference.prompt_rows(ids)
         np.testing.assert_allclose(cached["token_logprobs"],
                                    [rows[p][ids[p]] for p in range(start, len(ids))], atol=TOLERANCE)
         assert_same_span(cached, echoed_from(complete, family, ids, start, **fields))
+    # Each choice after the first read the hit; the echoed ones, computed whole, read nothing.
+    assert reads_after(metrics_url, family, before, (CHOICES - 1) * hit) == (CHOICES - 1) * hit
 
 
 # Sent together as a span (each follower reads the context's first block from the KV cache,
@@ -185,13 +190,10 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
     reference, fields = references[family], HARNESS[shape]
     context, choices = context_and_choices(reference, seed=f"{family}/{shape}", extra=50)
     known = (len(context) - 1) // BLOCK * BLOCK  # rows 1..256: the blocks within the context
-    for index, choice in enumerate(choices):
+    before = {metric: exported(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
+    for choice in choices:
         ids = context + choice
-        before = exported(metrics_url, SCORED_SERVED, model=family), cache_reads(metrics_url, family)
         cached = scored(complete, family, ids, **fields)
-        served = grown(metrics_url, SCORED_SERVED, family, before[0], known if index else 0)
-        assert served == (known if index else 0)
-        assert reads_after(metrics_url, family, before[1], known if index else 0) == (known if index else 0)
         # prompt_logprobs above the cache's top-k: computed whole
         uncached = scored(complete, family, ids, **{**fields, "prompt_logprobs": CACHED_TOP_K + 1})
         assert_same_rows(cached, uncached, len(ids))
@@ -199,3 +201,7 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
         if cached["logprobs"] is not None:
             np.testing.assert_allclose(cached["logprobs"]["token_logprobs"][1:len(ids)],
                                        [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
+    # Each choice after the first got the context's rows from the scored cache and read their
+    # blocks from the KV cache; the wider ones, computed whole, neither.
+    for metric, start in before.items():
+        assert grown(metrics_url, metric, family, start, (CHOICES - 1) * known) == (CHOICES - 1) * known
