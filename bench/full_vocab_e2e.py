@@ -2,12 +2,13 @@
 
 Both serve the embedded SmolLM2-135M-Instruct (vocabulary 49,152) in float32, one after the
 other on this machine. Each request is timed to its first and last byte, in each form (JSON,
-JSON with gzip, the binary `.npy`), with the serializer pool at each size asked; the machine's
-memory in use is sampled during and after it (the whole service: Ray's processes, vLLM's, the
+JSON with gzip, the binary `.npy`), with the serializer pool at each size asked and each
+full-vocabulary window (positions computed at a time: one as long as the prompt is one pass);
+the machine's memory in use is sampled during and after it (the whole service: Ray's processes, vLLM's, the
 object store).
 
     .venv/bin/python bench/full_vocab_e2e.py --tokens 128 512 1024 --workers 1 2 \\
-        --vllm-tokens 128
+        --vllm-tokens 128 --windows 128
 """
 
 import argparse
@@ -16,9 +17,11 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import psutil
+import yaml
 from servers import vllm_server
 
 from probserve.ops import local_ray
@@ -107,12 +110,31 @@ def run_vllm(sizes: list[int], repeats: int) -> dict:
         server.wait()
 
 
-def run_probserve(sizes: list[int], repeats: int, workers: int) -> dict:
+def run_probserve(sizes: list[int], repeats: int, workers: int, window: int) -> dict:
     pool = {"autoscaling_config": {"min_replicas": workers, "max_replicas": workers}}
-    url = local_ray.start({"models": [{"name": SMOLLM2}], "serializer_pool": pool}, port=PORT,
-                      log_to_driver=False)
+    model = {"name": SMOLLM2, "full_vocab_window": window}
+    url = local_ray.start({"models": [model], "serializer_pool": pool}, port=PORT, log_to_driver=False)
     try:
-        return measure(url, sizes, repeats, f"probserve, {workers} pool worker(s)")
+        return measure(url, sizes, repeats, f"probserve, {workers} pool worker(s), window {window}")
+    finally:
+        local_ray.stop()
+
+
+def after_start(config_file: str, tokens: int, count: int) -> None:
+    """The first `count` gzip requests after the service starts as `make serve` starts it
+    (the config file's app), with the memory in use after each above the level before the
+    first."""
+    args = yaml.safe_load(Path(config_file).read_text())["applications"][0]["args"]
+    url = local_ray.start(args, port=PORT, log_to_driver=False)
+    try:
+        time.sleep(5)  # what the start left running settles
+        started = memory_in_use()
+        print("| request after start | first byte | total | memory in use after, above the start |\n"
+              "| --- | --- | --- | --- |")
+        for index in range(1, count + 1):
+            timing = timed_request(url, tokens, FORMS["gzip"])
+            print(f"| {index} | {timing.first_byte:.2f} s | {timing.total:.2f} s "
+                  f"| {(memory_in_use() - started) / 2**20:+.0f} MiB |", flush=True)
     finally:
         local_ray.stop()
 
@@ -123,25 +145,33 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--vllm-tokens", type=int, nargs="*", default=[128],
                         help="sizes vLLM's server is asked (it ran out of memory at 512)")
+    parser.add_argument("--windows", type=int, nargs="+", default=[128],
+                        help="full_vocab_window values (a value of at least the prompt: one pass)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--after-start", metavar="CONFIG",
+                        help="instead: three requests of the first --tokens size right after the "
+                             "config file's service starts")
     options = parser.parse_args()
     apply_cache_environment()
     prepare(SMOLLM2)
+    if options.after_start:
+        after_start(options.after_start, options.tokens[0], 3)
+        return
     print("| server | prompt tokens | form | first byte | total | bytes | peak memory growth "
           "| after |\n| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     baseline = run_vllm(options.vllm_tokens, options.repeats) if options.vllm_tokens else {}
-    ours = {workers: run_probserve(options.tokens, options.repeats, workers)
-            for workers in options.workers}
+    ours = {(workers, window): run_probserve(options.tokens, options.repeats, workers, window)
+            for workers in options.workers for window in options.windows}
     for (tokens, form), theirs in baseline.items():
-        for workers, results in ours.items():
+        for (workers, window), results in ours.items():
             if (tokens, form) in results:
-                print(f"{tokens} tokens, {form}, {workers} worker(s): "
+                print(f"{tokens} tokens, {form}, {workers} worker(s), window {window}: "
                       f"{theirs.total / results[tokens, form].total:.1f}x vLLM's server")
     if len(ours) > 1:
         first, *others = sorted(ours)
-        for workers in others:
-            for key, timing in ours[workers].items():
-                print(f"{key[0]} tokens, {key[1]}: {workers} workers "
+        for setup in others:
+            for key, timing in ours[setup].items():
+                print(f"{key[0]} tokens, {key[1]}: {setup} (workers, window) "
                       f"{ours[first][key].total / timing.total:.2f}x {first}")
 
 

@@ -89,6 +89,10 @@ class ModelConfig(Strict):
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 1}
     scored_cache: ScoredCacheConfig = ScoredCacheConfig()
+    # Prompt positions of full-vocabulary rows computed at a time (probserve.engine.windows),
+    # rounded down to whole KV blocks (at least one): the first rows leave after one window,
+    # and no process holds more than a window of [positions x vocabulary].
+    full_vocab_window: int = Field(128, ge=1)
     # The prefix caches (vLLM's KV cache, salted per tenant, and the scored-prefix cache) are
     # each tenant's own unless shared: a shared cache lets one tenant time whether another
     # sent a prompt.

@@ -8,7 +8,13 @@ of the content, has `bytes: null`.
 import uuid
 
 from probserve.api.admission import PromptInput
-from probserve.api.completions import choice_completions, finite, reported_width, response_object, usage
+from probserve.api.completions import (
+    choice_completions,
+    completion_usage,
+    finite,
+    reported_width,
+    response_head,
+)
 from probserve.api.request_models import ChatRequest
 from probserve.engine.wire import Completion, EngineResult, PositionLogprobs
 from probserve.text.pieces import GeneratedPieces, Pieces
@@ -59,5 +65,5 @@ def chat_response(model: str, prompt: PromptInput, result: EngineResult, request
          "finish_reason": completion.finish_reason}
         for index, completion in enumerate(completions)
     ]
-    return response_object(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", model, choices,
-                           usage([prompt], [completions]))
+    return {**response_head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", model), "choices": choices,
+            "usage": completion_usage([prompt], [result], request.n)}

@@ -140,24 +140,26 @@ def choice_completions(result: EngineResult, n: int) -> list[Completion]:
     return [result.completions[j % len(result.completions)] for j in range(n)]
 
 
+def prompt_choices(prompt_index: int, prompt: PromptInput, result: EngineResult,
+                   request: CompletionRequest, vocab: Vocabulary) -> list[dict]:
+    """The n choices of one prompt."""
+    # Once per prompt, however many choices it has.
+    pieces = prompt_pieces(prompt, vocab) if span_start(request) is not None else None
+    return [choice(prompt_index * request.n + j, prompt, pieces, result, completion, request, vocab)
+            for j, completion in enumerate(choice_completions(result, request.n))]
+
+
 def completion_response(model: str, prompts: list[PromptInput], results: list[EngineResult],
                         request: CompletionRequest, vocab: Vocabulary) -> dict:
-    per_prompt = [choice_completions(result, request.n) for result in results]
-    # Once per prompt, however many choices it has.
-    pieces = [prompt_pieces(p, vocab) if span_start(request) is not None else None for p in prompts]
-    choices = [
-        choice(i * request.n + j, prompt, pieces[i], result, completion, request, vocab)
-        for i, (prompt, result, completions) in enumerate(zip(prompts, results, per_prompt))
-        for j, completion in enumerate(completions)
-    ]
-    return response_object(f"cmpl-{uuid.uuid4().hex}", "text_completion", model, choices,
-                           usage(prompts, per_prompt))
+    choices = [choice for i, (prompt, result) in enumerate(zip(prompts, results))
+               for choice in prompt_choices(i, prompt, result, request, vocab)]
+    return {**response_head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model), "choices": choices,
+            "usage": completion_usage(prompts, results, request.n)}
 
 
-def response_object(response_id: str, object_name: str, model: str, choices: list[dict],
-                    counts: dict) -> dict:
-    return {"id": response_id, "object": object_name, "created": int(time.time()), "model": model,
-            "choices": choices, "usage": counts}
+def response_head(response_id: str, object_name: str, model: str) -> dict:
+    """The members before `choices`."""
+    return {"id": response_id, "object": object_name, "created": int(time.time()), "model": model}
 
 
 def completion_tokens(results: list[EngineResult], n: int) -> int:
@@ -165,10 +167,9 @@ def completion_tokens(results: list[EngineResult], n: int) -> int:
     return sum(len(c.token_ids) for result in results for c in choice_completions(result, n))
 
 
-def usage(prompts: list[PromptInput], per_prompt: list[list[Completion]]) -> dict:
+def completion_usage(prompts: list[PromptInput], results: list[EngineResult], n: int) -> dict:
     """Each prompt once, every generated token of every choice."""
-    return usage_counts(sum(len(p.token_ids) for p in prompts),
-                        sum(len(c.token_ids) for completions in per_prompt for c in completions))
+    return usage_counts(sum(len(p.token_ids) for p in prompts), completion_tokens(results, n))
 
 
 def usage_counts(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -9,7 +9,6 @@ import logging
 import os
 import uuid
 
-import ray
 from ray import serve
 
 from probserve.config import ModelConfig
@@ -23,13 +22,13 @@ from probserve.engine.vllm_fence import (
     register,
     self_check,
 )
+from probserve.engine.windows import full_vocab_windows
 from probserve.engine.wire import (
     Completion,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
     FullVocabParts,
-    FullVocabRows,
     PositionLogprobs,
     token_array,
 )
@@ -68,12 +67,13 @@ def engine_args(model: ModelConfig):
 
 def label_params(request: EngineRequest) -> dict:
     """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
-    plugin (probserve.engine.vllm_fence) at prompt positions; the full vocabulary in token-id order."""
+    plugin (probserve.engine.vllm_fence) at prompt positions; the full vocabulary in token-id
+    order, from the request's first row."""
     labels = request.logprob_token_ids
     if not labels:
         full_vocab = request.prompt_logprobs == -1
         return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs,
-                "extra_args": {FULL_VOCAB: True} if full_vocab else {}}
+                "extra_args": {FULL_VOCAB: request.first_prompt_row()} if full_vocab else {}}
     prompt = request.prompt_logprobs is not None
     return {
         "logprobs": None,  # vLLM: the labels' count stands for it
@@ -156,11 +156,6 @@ def engine_result(output, sent_at: float | None) -> EngineResult:
                         queue_time_s=queue_time(output.metrics, sent_at))
 
 
-async def fetch_rows(chunk: "ray.ObjectRef") -> FullVocabRows:
-    """A chunk of full-vocabulary rows this replica stored in Ray's object store."""
-    return await chunk
-
-
 @serve.deployment
 class ModelReplica:
     async def __init__(self, model: ModelConfig, chunk_positions: int):
@@ -170,13 +165,15 @@ class ModelReplica:
         from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
         register()
-        keep_full_vocab_as_arrays(ray.put, chunk_positions)
+        keep_full_vocab_as_arrays(chunk_positions)
         self.model = model
         self.metrics = ReplicaMetrics(model.name)
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
         self.engine = AsyncLLM.from_engine_args(engine_args(model),
                                                 stat_loggers=[RayPrometheusStatLogger])
         block = self.engine.vllm_config.cache_config.block_size
+        # Whole KV blocks a window, so that each reads every block before it.
+        self.window = max(model.full_vocab_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
         scoring = model.scored_cache
         self.scored = ScoredPrefixCache(block, scoring.top_k, scoring.max_bytes) if scoring.enabled else None
@@ -184,7 +181,7 @@ class ModelReplica:
         for request in WARM_UP:
             await self.generate(request)
         # Refuse to serve rather than answer wrongly if the patches do not fit this engine.
-        await self_check(self.generate, fetch_rows)
+        await self_check(self.generate)
 
     async def outputs(self, request: EngineRequest, stream: bool):
         from vllm.inputs import TokensPrompt
@@ -236,7 +233,7 @@ class ModelReplica:
             logger.error("model %s: the engine read %d cached tokens, more than the %d allowed; "
                          "computing the prompt again without its cache", self.model.name,
                          final.num_cached_tokens, request.cache_readable_tokens())
-            final = await self.final_output(dataclasses.replace(request, prompt_rows_from=0))
+            final = await self.final_output(dataclasses.replace(request, read_prefix_cache=False))
         return engine_result(final, request.sent_at)
 
     async def final_output(self, request: EngineRequest):
@@ -244,6 +241,18 @@ class ModelReplica:
         async for output in self.outputs(request, stream=False):
             final = output
         return final
+
+    async def generate_full_vocab(self, request: EngineRequest):
+        """prompt_logprobs -1, window by window (probserve.engine.windows), as soon as each
+        ends: its result without its rows (the last one's also carries what was generated),
+        then each chunk of its rows as an item of its own. Each item goes to Ray's object
+        store owned by the caller, which hands the chunks to the serializer pool unread
+        (rows nested in an item could be freed early: ray-project/ray#58082)."""
+        for window in full_vocab_windows(request, self.window):
+            result = await self.final_result(window)
+            yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
+            for chunk in result.full_vocab.chunks:
+                yield chunk
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""

@@ -20,8 +20,11 @@ probserve's changes to vLLM 0.32 (pinned):
    per entry (in that order a column's id is its index: ids would double what the worker
    builds and sends, 200 MB at 1,024 positions of SmolLM2);
    in the replica's own process only (it would break vLLM's server, which expects its
-   per-entry objects), the [positions, vocab] tensors are kept as arrays, stored away in
-   chunks of positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
+   per-entry objects), the [positions, vocab] tensors are kept as arrays, in chunks of
+   positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
+   A request computed in windows (probserve.engine.windows) asks with
+   `extra_args[FULL_VOCAB] = r`, its first row: the worker returns its rows from r on only,
+   and leaves the buffer's rows before it untouched (never resident: not pinned).
 3. Spans read the prefix cache: vLLM reads none for a request with prompt logprobs, because the
    runner computes rows only from the first uncached position. A request that shows rows
    from position s on (a scored span) sets `skip_reading_prefix_cache=False` and
@@ -85,6 +88,9 @@ TOUCH_POINTS = (
                ("num_positions", "num_tokens_per_position"),
                "a full-vocabulary buffer holds the rows and one id a position (item 2); the "
                "others start zeroed, as rows read from the cache are never written (item 3)"),
+    TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._get_prompt_logprobs_dict",
+               ("self", "hidden_states", "num_scheduled_tokens"),
+               "a full-vocabulary window's rows from its first on (item 2)"),
     TouchPoint("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_computed_blocks",
                ("self", "request"), "cuts a scored span's prefix cache hit at its limit (item 3)"),
     TouchPoint("vllm.v1.core.kv_cache_manager", "KVCacheManager.truncate_computed_blocks",
@@ -188,8 +194,8 @@ def original(qualname: str) -> Callable:
     return ORIGINALS.get(qualname) or getattr(point.owner(), point.name)
 
 
-def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_positions: int) -> None:
-    """Full-vocabulary rows become FullVocabParts: `store` keeps each chunk of positions."""
+def keep_full_vocab_as_arrays(chunk_positions: int) -> None:
+    """Full-vocabulary rows become FullVocabParts, in chunks of positions."""
     per_entry = original("LogprobsProcessor._update_prompt_logprobs")
 
     def update_prompt_logprobs(self, tensors) -> None:
@@ -199,7 +205,7 @@ def keep_full_vocab_as_arrays(store: Callable[[FullVocabRows], object], chunk_po
         logprobs, token_ids = logprobs.numpy(), token_ids.numpy()[:, 0]
         actual = logprobs[np.arange(len(token_ids)), token_ids]
         rows = FullVocabRows(logprobs, actual, ranks.numpy().astype(np.int64))
-        parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions, store)
+        parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions)
         if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
             parts = self.prompt_logprobs.followed_by(parts)
         self.prompt_logprobs = parts
@@ -218,25 +224,37 @@ class LabelCount(int):
 
 class FullVocabCount(int):
     """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather
-    and for the runner's buffer, which it sizes with `count + 1`."""
+    and for the runner's buffer, which it sizes with `count + 1`; with the first row the
+    request wants back."""
+
+    def __new__(cls, count: int, first_row: int) -> "FullVocabCount":
+        marked = super().__new__(cls, count)
+        marked.first_row = first_row
+        return marked
 
     def __add__(self, other: int) -> "FullVocabCount":
-        return FullVocabCount(int(self) + other)
+        return FullVocabCount(int(self) + other, self.first_row)
 
 
 def marked_count(count: int, extra_args: dict) -> int:
     if extra_args.get(PROMPT_LABELS):
         return LabelCount(extra_args[PROMPT_LABELS])
-    return FullVocabCount(count) if extra_args.get(FULL_VOCAB) else count
+    return FullVocabCount(count, extra_args[FULL_VOCAB]) if FULL_VOCAB in extra_args else count
+
+
+def rows_from(rows, first_row: int):
+    """A prompt's LogprobsTensors from row `first_row` on, copied: a view would carry the
+    whole buffer to the engine's process."""
+    return type(rows)(*(tensor[first_row:].clone() for tensor in rows[:3]))
 
 
 def gather_marked_prompt_rows() -> None:
     """Labelled and full-vocabulary prompt rows, gathered as marked (items 1 and 2)."""
     import torch
-    from vllm.utils.torch_utils import PIN_MEMORY
     from vllm.v1.outputs import LogprobsTensors
 
     update_states = original("GPUModelRunner._update_states")
+    prompt_rows = original("GPUModelRunner._get_prompt_logprobs_dict")
     gather_top_k = original("Sampler.gather_logprobs")
     empty_cpu = original("LogprobsTensors.empty_cpu")
 
@@ -248,6 +266,15 @@ def gather_marked_prompt_rows() -> None:
                 count = self.num_prompt_logprobs[new.req_id]
                 self.num_prompt_logprobs[new.req_id] = marked_count(count, extra_args)
         return result
+
+    def prompt_rows_from_first(self, hidden_states, num_scheduled_tokens):
+        first_rows = {request: count.first_row for request, count in self.num_prompt_logprobs.items()
+                      if isinstance(count, FullVocabCount) and count.first_row}
+        rows = prompt_rows(self, hidden_states, num_scheduled_tokens)
+        for request, tensors in rows.items():
+            if tensors is not None and request in first_rows:
+                rows[request] = rows_from(tensors, first_rows[request])
+        return rows
 
     def after_actual(logprobs, token_ids, columns_ids, columns):
         """The prompt token with its true rank, then the given columns."""
@@ -275,12 +302,13 @@ def gather_marked_prompt_rows() -> None:
                 tensor.zero_()
             return buffer
         ids = empty_cpu(positions, 1)
-        values = ids.logprobs.new_empty((positions, int(columns) - 1), pin_memory=PIN_MEMORY)
+        values = ids.logprobs.new_empty((positions, int(columns) - 1))
         return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
 
     patched(TOUCH_POINTS[1], update_states_marking_counts)
     patched(TOUCH_POINTS[2], staticmethod(gather_marked))
     patched(TOUCH_POINTS[3], staticmethod(empty_cpu_for))
+    patched(TOUCH_POINTS[4], prompt_rows_from_first)
 
 
 def prefix_cache_limit(request) -> int | None:
@@ -309,7 +337,7 @@ def read_prefix_cache_up_to_limits() -> None:
         kept = aligned_hit(hit, len(blocks.blocks[0]), limit)
         return self.truncate_computed_blocks(blocks, kept), kept, 0
 
-    patched(TOUCH_POINTS[4], get_computed_blocks_within_limit)
+    patched(TOUCH_POINTS[5], get_computed_blocks_within_limit)
 
 
 # Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.
@@ -325,8 +353,7 @@ TOP_K_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, tempera
 CHECK_TOLERANCE = 1e-4
 
 
-async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]],
-                     fetch: Callable[[object], Awaitable[FullVocabRows]]) -> None:
+async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]]) -> None:
     """Refuses to serve (RuntimeError) unless the engine loaded the plugin (labels come back
     as asked) and its full-vocabulary rows equal vLLM's own top-k of the same prompt."""
     labels = (await generate(LABELS_CHECK)).prompt_logprobs.top(1, 2)[0].tolist()
@@ -334,8 +361,7 @@ async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]
         raise RuntimeError(f"vLLM's engine did not load probserve's plugin (labels "
                            f"{LABELS_CHECK.logprob_token_ids}, got {labels}): install the "
                            "package (pip install -e .) and leave VLLM_PLUGINS unset")
-    full = (await generate(FULL_VOCAB_CHECK)).full_vocab
-    rows = [await fetch(chunk) for chunk in full.chunks]
+    rows = (await generate(FULL_VOCAB_CHECK)).full_vocab.chunks
     top_k = (await generate(TOP_K_CHECK)).prompt_logprobs
     problem = full_vocab_mismatch(rows, top_k, CHECK_TOP_K)
     if problem:

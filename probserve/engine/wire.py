@@ -6,8 +6,7 @@ there (prompt or sampled) with its true rank, followed by the top-k in rank orde
 labels a request named (`logprob_token_ids`) in its order.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -42,6 +41,8 @@ class EngineRequest:
     # The first prompt position whose row the answer shows (a scored span's start): the
     # engine may read the positions before the one that scores it from its prefix cache.
     prompt_rows_from: int = 0
+    # False: the prompt computed whole, its prefix cache unread (a replica's fallback).
+    read_prefix_cache: bool = True
     # Labels: these ids' logprobs in place of the top-k, wherever logprobs are asked.
     logprob_token_ids: list[int] | None = None
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
@@ -56,11 +57,13 @@ class EngineRequest:
     def cache_readable_tokens(self) -> int:
         """How many leading prompt tokens the engine may read from its prefix cache: vLLM's
         own limit without prompt rows; with them, the tokens before the one whose logits
-        score the first row shown (none when every row is shown, or the full vocabulary)."""
+        score the first row shown (none when every row is shown)."""
         if self.prompt_logprobs is None:
             return len(self.prompt_token_ids) - 1
-        if self.prompt_logprobs == -1:
-            return 0
+        return self.first_prompt_row() if self.read_prefix_cache else 0
+
+    def first_prompt_row(self) -> int:
+        """The index of the first prompt row shown (row r scores position r + 1)."""
         return max(self.prompt_rows_from - 1, 0)
 
 
@@ -159,22 +162,23 @@ class FullVocabRows:
 
 @dataclass(frozen=True)
 class FullVocabParts:
-    """prompt_logprobs -1 as a replica returns it: the rows in chunks of a few positions, each
-    stored apart (`store` puts it in Ray's object store: the matrix never travels as one
-    object, and the serializer pool fetches each chunk where it writes it), and the top k of
-    every row, for the top-k view of the same positions (echo)."""
+    """prompt_logprobs -1: the rows in chunks of a few positions (FullVocabRows in the
+    replica; in the ingress, each chunk's reference in Ray's object store: the matrix never
+    travels as one object, and the serializer pool fetches each chunk where it writes it),
+    and the top k of every row, for the top-k view of the same positions (echo)."""
 
-    chunks: list  # what `store` returned for each chunk, in position order
+    chunks: list  # in position order
     sizes: list[int]  # the positions in each
     top_k: RankedRows
 
     @classmethod
-    def split(cls, rows: FullVocabRows, k: int, chunk_positions: int,
-              store: Callable[[FullVocabRows], object]) -> "FullVocabParts":
+    def split(cls, rows: FullVocabRows, k: int, chunk_positions: int) -> "FullVocabParts":
         starts = range(0, len(rows.logprobs), chunk_positions)
         chunks = [rows.positions(start, start + chunk_positions) for start in starts]
-        return cls([store(chunk) for chunk in chunks], [len(chunk.logprobs) for chunk in chunks],
-                   rows.ranked(k))
+        return cls(chunks, [len(chunk.logprobs) for chunk in chunks], rows.ranked(k))
+
+    def with_chunks(self, chunks: list) -> "FullVocabParts":
+        return replace(self, chunks=chunks)
 
     def followed_by(self, later: "FullVocabParts") -> "FullVocabParts":
         return FullVocabParts(self.chunks + later.chunks, self.sizes + later.sizes,
@@ -206,3 +210,13 @@ class EngineResult:
             return self.full_vocab.top_k.top_k_positions(self.prompt_token_ids.tolist(), k)
         return self.prompt_logprobs
 
+
+    def after(self, earlier: list["EngineResult"]) -> "EngineResult":
+        """The last window of a full-vocabulary prompt (probserve.engine.windows) joined with
+        the windows before it: their rows first, the queue time of the first."""
+        if not earlier:
+            return self
+        parts = earlier[0].full_vocab
+        for window in earlier[1:] + [self]:
+            parts = parts.followed_by(window.full_vocab)
+        return replace(self, full_vocab=parts, queue_time_s=earlier[0].queue_time_s)

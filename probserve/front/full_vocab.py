@@ -2,7 +2,9 @@
 once (in all, and per tenant), each streamed as the serializer pool writes its chunks, as JSON
 (gzip when accepted) or as `.npy`."""
 
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -18,7 +20,8 @@ from probserve.front.http import streaming_body
 from probserve.fullvocab import npy
 from probserve.fullvocab.compression import accepts_gzip
 from probserve.fullvocab.relay import full_vocab_body
-from probserve.fullvocab.response import choice_arrays, json_parts
+from probserve.fullvocab.response import json_parts
+from probserve.fullvocab.streamed import StreamedRows
 from probserve.gate import Gate
 from probserve.observe.metrics import HeldGauge
 from probserve.observe.request_log import RequestRecord
@@ -52,17 +55,43 @@ class FullVocabResponses:
                           self.limits.retry_after_s)
 
     def body(self, request: Request, model: str, vocab: Vocabulary, body: CompletionRequest,
-             admitted: Admitted, results: list[EngineResult], release: Callable[[], None],
+             admitted: Admitted, prompts: list[StreamedRows], release: Callable[[], None],
              record: RequestRecord) -> StreamingResponse:
-        """The response streamed: `.npy` when asked by name, else JSON; `release` when it ends."""
+        """The response streamed as its prompts' windows come: `.npy` when asked by name,
+        else JSON; `release` when it ends."""
         if npy.accepts_npy(request.headers.get("accept")):  # never gzip: float32 noise
-            parts = npy.body_parts([p.token_ids for p in admitted.prompts], results, vocab.logits_size)
+            parts = npy.body_parts([p.token_ids for p in admitted.prompts], prompts, vocab.logits_size)
             chunks = full_vocab_body(parts, lambda chunk: self.serializers.write_npy.remote(model, chunk),
                                      self.window, gzip=False)
-            return streaming_body(chunks, npy.MEDIA_TYPE, False, release, record)
+            return streaming_body(recorded(chunks, prompts, body.n, record), npy.MEDIA_TYPE, False,
+                                  release, record)
         gzip = accepts_gzip(request.headers.get("accept-encoding"))
-        response = completions.completion_response(model, admitted.prompts, results, body, vocab)
-        parts = json_parts(response, choice_arrays(results, body.n))
+        head = completions.response_head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model)
+        def choices(index: int, result: EngineResult) -> list[dict]:
+            return completions.prompt_choices(index, admitted.prompts[index], result, body, vocab)
+
+        parts = json_parts(head, prompts, body.n, choices,
+                           lambda results: completions.completion_usage(admitted.prompts, results, body.n))
         chunks = full_vocab_body(parts, lambda chunk: self.serializers.write.remote(model, [chunk], gzip),
                                  self.window, gzip)
-        return streaming_body(chunks, "application/json", gzip, release, record)
+        return streaming_body(recorded(chunks, prompts, body.n, record), "application/json", gzip,
+                              release, record)
+
+
+async def recorded(chunks: AsyncIterator[bytes], prompts: list[StreamedRows], n: int,
+                   record: RequestRecord) -> AsyncIterator[bytes]:
+    """The body's chunks, then what its prompts generated and waited in the record; their
+    computation is stopped if the body stops early."""
+    try:
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                yield chunk
+        record_results(record, [rows.result() for rows in prompts], n)
+    finally:
+        for rows in prompts:
+            await rows.close()
+
+
+def record_results(record: RequestRecord, results: list[EngineResult], n: int) -> None:
+    record.generated_tokens = completions.completion_tokens(results, n)
+    record.queue_time_s = max((r.queue_time_s for r in results if r.queue_time_s is not None), default=None)

@@ -34,11 +34,12 @@ from probserve.api.request_models import (
 )
 from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
 from probserve.config import AppConfig, Capabilities, ModelConfig
-from probserve.engine.wire import EngineResult
+from probserve.engine.wire import EngineRequest, EngineResult
 from probserve.errors import APIError, not_ready
-from probserve.front.full_vocab import FullVocabResponses, check_form
+from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
 from probserve.front.http import event_stream, install_error_handlers, json_object, json_response
 from probserve.front.replica_client import ReplicaClient
+from probserve.fullvocab.streamed import StreamedRows
 from probserve.gate import once
 from probserve.observe.availability import ReplicaStates, running_replicas
 from probserve.observe.metrics import RequestObserver
@@ -72,6 +73,11 @@ class Call:
     vocab: Vocabulary
     caps: Capabilities
     record: RequestRecord
+
+
+def tenants_requests(call: Call, admitted: Admitted) -> list[EngineRequest]:
+    """The engine requests, each with its tenant (whose prefix caches it uses)."""
+    return [dataclasses.replace(r, tenant=call.record.tenant) for r in admitted.engine_requests]
 
 
 def record_of(request: Request) -> RequestRecord:
@@ -205,11 +211,8 @@ class Ingress:
         await self.access.charge_prompt(call.tenant, call.record, admitted.full_vocab_positions)
 
     async def send(self, call: Call, admitted: Admitted) -> list[EngineResult]:
-        requests = [dataclasses.replace(r, tenant=call.record.tenant) for r in admitted.engine_requests]
-        results = await self.engines.generate(call.model.name, requests)
-        call.record.generated_tokens = completions.completion_tokens(results, call.body.n)
-        call.record.queue_time_s = max((r.queue_time_s for r in results if r.queue_time_s is not None),
-                                       default=None)
+        results = await self.engines.generate(call.model.name, tenants_requests(call, admitted))
+        record_results(call.record, results, call.body.n)
         return results
 
     async def stream(self, call: Call, admitted: Admitted, kind: type[ChoiceStream]) -> StreamingResponse:
@@ -223,9 +226,11 @@ class Ingress:
         all and per tenant."""
         release = await self.full_vocab_places(call)
         try:
-            results = await self.send(call, admitted)
+            prompts = [StreamedRows(self.engines.full_vocab_windows(call.model.name, r))
+                       for r in tenants_requests(call, admitted)]
+            await prompts[0].first()
             return self.full_vocab.body(request, call.model.name, call.vocab, call.body, admitted,
-                                        results, release, call.record)
+                                        prompts, release, call.record)
         except BaseException:
             release()
             raise

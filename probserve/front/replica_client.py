@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
@@ -40,13 +40,45 @@ class ReplicaClient:
     async def generate(self, model: str, engine_requests: list[EngineRequest]) -> list[EngineResult]:
         """The results; 503 if the model's queue is full or it loses its replicas meanwhile."""
         self.check_running(model)
-        call = asyncio.ensure_future(generate_all(self.replicas[model], engine_requests))
+        try:
+            return await self.watched(model, generate_all(self.replicas[model], engine_requests))
+        except REFUSED as error:
+            raise self.refusal(error) from None
+
+    async def full_vocab_windows(self, model: str,
+                                 engine_request: EngineRequest) -> AsyncIterator[EngineResult]:
+        """A full-vocabulary prompt's windows as its replica computes them, each chunk of
+        rows a reference into Ray's object store, never fetched here (the replica's
+        `generate_full_vocab`); stopped there if left early; refusals as `generate`'s."""
+        self.check_running(model)
+        sent = dataclasses.replace(engine_request, sent_at=time.time())
+        call = self.replicas[model].options(stream=True, _by_reference=True).generate_full_vocab.remote(sent)
+        try:
+            items = await self.watched(model, call._to_object_ref_gen())
+            while (window := await self.next_window(model, items)) is not None:
+                yield window
+        except REFUSED as error:
+            raise self.refusal(error) from None
+        finally:
+            call.cancel()
+
+    async def next_window(self, model: str, items: AsyncIterator) -> EngineResult | None:
+        """The next window's result with its chunks' references, or None after the last."""
+        try:
+            window = await self.watched(model, await self.watched(model, anext(items)))
+        except StopAsyncIteration:
+            return None
+        chunks = [await self.watched(model, anext(items)) for _ in window.full_vocab.sizes]
+        return dataclasses.replace(window, full_vocab=window.full_vocab.with_chunks(chunks))
+
+    async def watched(self, model: str, awaitable: Awaitable):
+        """`awaitable`'s result, the model checked for a running replica while it waits
+        (cancelled if it has none)."""
+        call = asyncio.ensure_future(awaitable)
         try:
             while not (await asyncio.wait({call}, timeout=LOST_CHECK_S))[0]:
                 self.check_running(model)
             return call.result()
-        except REFUSED as error:
-            raise self.refusal(error) from None
         finally:
             call.cancel()
 

@@ -10,13 +10,14 @@ other dependency, and its header gives dtype and record count up front, so the r
 stream behind it.
 """
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from probserve.engine.wire import EngineResult, FullVocabRows
+from probserve.engine.wire import FullVocabRows
 from probserve.fullvocab.compression import admits
+from probserve.fullvocab.streamed import StreamedRows
 
 MEDIA_TYPE = "application/x-npy"
 MAGIC = b"\x93NUMPY\x01\x00"  # format version 1.0
@@ -69,17 +70,22 @@ class NpyChunk:
     token_ids: list[int]  # the prompt's tokens at those positions
 
 
-def body_parts(prompts: list[list[int]], results: list[EngineResult],
-               vocab_size: int) -> Iterator[bytes | list[NpyChunk]]:
-    """The header, then each prompt's position 0 and its chunks, as the relay takes them."""
+async def body_parts(prompts: list[list[int]], rows: list[StreamedRows],
+                     vocab_size: int) -> AsyncIterator[bytes | AsyncIterator[NpyChunk]]:
+    """The header, then each prompt's position 0 and its chunks as they come, as the relay
+    takes them."""
     yield header(record_dtype(vocab_size), sum(map(len, prompts)))
-    for index, (token_ids, result) in enumerate(zip(prompts, results)):
+    for index, (token_ids, streamed) in enumerate(zip(prompts, rows, strict=True)):
         yield first_position(index, token_ids[0], vocab_size)
-        chunks, start = [], 1
-        for rows, size in zip(result.full_vocab.chunks, result.full_vocab.sizes):
-            chunks.append(NpyChunk(rows, index, start, token_ids[start:start + size]))
+        yield prompt_chunks(index, token_ids, streamed)
+
+
+async def prompt_chunks(index: int, token_ids: list[int], rows: StreamedRows) -> AsyncIterator[NpyChunk]:
+    start = 1
+    async for window in rows.parts(last_use=True):
+        for chunk, size in zip(window.chunks, window.sizes, strict=True):
+            yield NpyChunk(chunk, index, start, token_ids[start:start + size])
             start += size
-        yield chunks
 
 
 def chunk_records(chunk: NpyChunk, rows: FullVocabRows) -> bytes:

@@ -7,7 +7,7 @@ holds production back, and one that leaves cancels what is under way.
 """
 
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Protocol
 
@@ -20,12 +20,12 @@ class Call(Awaitable, Protocol):
     def cancel(self) -> object: ...
 
 
-async def in_order(calls: Iterable[Call], window: int) -> AsyncIterator:
+async def in_order(calls: AsyncIterable[Call], window: int) -> AsyncIterator:
     """Each call's result in order; `calls` is lazy (each call starts when taken from it), so
     at most `window` are under way. Those not yet awaited are cancelled if the caller stops."""
     pending: deque[Call] = deque()
     try:
-        for call in calls:
+        async for call in calls:
             pending.append(call)
             if len(pending) == window:
                 yield await oldest(pending)
@@ -43,16 +43,36 @@ async def oldest(pending: deque[Call]):
     return result
 
 
-async def full_vocab_body(parts: Iterable[bytes | list], write: Callable[[object], Call],
+class Holding:
+    """A call with the chunk it writes, kept until the call ends: Ray Serve sends a call after
+    `remote()` returns, and a chunk's last reference must not go before its call reaches the
+    pool (the streamed rows let go of each chunk once taken)."""
+
+    def __init__(self, call: Call, chunk: object):
+        self.call, self.chunk = call, chunk
+
+    def __await__(self):
+        return self.call.__await__()
+
+    def cancel(self) -> object:
+        return self.call.cancel()
+
+
+async def started(chunks: AsyncIterable, write: Callable[[object], Call]) -> AsyncIterator[Call]:
+    async for chunk in chunks:
+        yield Holding(write(chunk), chunk)
+
+
+async def full_vocab_body(parts: AsyncIterable[bytes | AsyncIterable], write: Callable[[object], Call],
                           window: int, gzip: bool) -> AsyncIterator[bytes]:
-    """The body: text as it is, chunks through `write` (a pool call giving bytes, or a
-    DeflatedPart when `gzip`); with gzip, one member around it all."""
+    """The body: text as it is, chunks (as they come) through `write` (a pool call giving
+    bytes, or a DeflatedPart when `gzip`); with gzip, one member around it all."""
     joiner = GzipJoiner() if gzip else None
-    for part in parts:
+    async for part in parts:
         if isinstance(part, bytes):
             yield joiner.add(deflate_part(part)) if joiner else part
             continue
-        async with aclosing(in_order((write(chunk) for chunk in part), window)) as written:
+        async with aclosing(in_order(started(part, write), window)) as written:
             async for piece in written:
                 yield joiner.add(piece) if joiner else piece
     if joiner:

@@ -1,32 +1,31 @@
 """A full-vocabulary response's JSON, as parts the relay streams (probserve.fullvocab.relay):
-text as bytes, and in each choice's place of `prompt_logprobs` the list of its array's chunks,
-which the serializer pool writes. The arrays are far too big to hold as one body."""
+text as bytes, and in each choice's place of `prompt_logprobs` its prompt's chunks as the
+replica computes them, which the serializer pool writes. The arrays are far too big to hold
+as one body, and each choice's `prompt_logprobs` comes first, so that its rows leave before
+the rest of the prompt is computed: the other members follow once it is."""
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-
-def json_parts(response: dict, arrays: list[list]) -> Iterator[bytes | list]:
-    """`response` with `prompt_logprobs` added last to choice i as `[null`, the chunks of
-    `arrays[i]`, `]`: position 0, which nothing predicts, is null."""
-    fields = list(response)
-    at = fields.index("choices")
-    head = members(response, fields[:at])
-    text = b"{" + head + (b"," if head else b"") + b'"choices":['
-    for index, (choice, chunks) in enumerate(zip(response["choices"], arrays, strict=True)):
-        yield text + (b"," if index else b"") + orjson.dumps(choice)[:-1] + b',"prompt_logprobs":[null'
-        yield chunks
-        text = b"]}"
-    tail = members(response, fields[at + 1:])
-    yield text + b"]" + (b"," if tail else b"") + tail + b"}"
+from probserve.engine.wire import EngineResult
+from probserve.fullvocab.streamed import StreamedRows, chunks_of
 
 
-def members(response: dict, names: list[str]) -> bytes:
-    """`"name":value,...` of those fields, without braces."""
-    return orjson.dumps({name: response[name] for name in names})[1:-1]
-
-
-def choice_arrays(results: list, n: int) -> list[list]:
-    """Each choice's array chunks: the n choices of a prompt share its rows."""
-    return [result.full_vocab.chunks for result in results for _ in range(n)]
+async def json_parts(head: dict, prompts: list[StreamedRows], n: int,
+                     choices: Callable[[int, EngineResult], list[dict]],
+                     usage: Callable[[list[EngineResult]], dict]) -> AsyncIterator[bytes | AsyncIterator]:
+    """`head`'s members, then the n choices of each prompt: `"prompt_logprobs":[null`, the
+    chunks of its rows, `]`, then the choice's other members (`choices(prompt, result)`), and
+    `usage(results)` last. Position 0, which nothing predicts, is null."""
+    text = b"{" + orjson.dumps(head)[1:-1] + b',"choices":['
+    for prompt, rows in enumerate(prompts):
+        for j in range(n):
+            index = prompt * n + j
+            yield text + b'{"index":%d,"prompt_logprobs":[null' % index
+            yield chunks_of(rows.parts(last_use=j == n - 1))
+            members = {name: value for name, value in choices(prompt, rows.result())[j].items()
+                       if name != "index"}
+            yield b"]," + orjson.dumps(members)[1:]
+            text = b","
+    yield b'],"usage":' + orjson.dumps(usage([rows.result() for rows in prompts])) + b"}"

@@ -23,7 +23,9 @@ FAMILIES = [TINY, TINY_BOS, TINY_SENTENCEPIECE]
 MAX_LOGPROBS = 20
 MAX_LABELS = 16
 MAX_MODEL_LEN = 512
-FULL_VOCAB_MAX = 128
+FULL_VOCAB_MAX = 300  # three windows of full-vocabulary rows (below MAX_SCORED)
+FULL_VOCAB_WINDOW = 128  # one KV block on the CPU: the least a window can be
+ONE_WINDOW = 128  # the full-vocabulary prompt the load and pool tests send: 127 rows, one window
 MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefix_reuse.py)
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
@@ -41,6 +43,7 @@ AUTOSCALING = {field: value for field, value in yaml.safe_load(AUTOSCALING_FILE.
                if field in ("autoscaling_config", "max_ongoing_requests", "max_queued_requests")}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
+                "full_vocab_window": FULL_VOCAB_WINDOW,
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
@@ -85,6 +88,12 @@ def base_url(metrics_port):
                           replica=INSPECTED_REPLICA)
     yield url
     local_ray.stop()
+
+
+@pytest.fixture(scope="session")
+def metrics_url(base_url, metrics_port):
+    """Ray's metrics agent, which exports the service's metrics."""
+    return f"http://127.0.0.1:{metrics_port}/metrics"
 
 
 @pytest.fixture(scope="session")

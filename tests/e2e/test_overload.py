@@ -10,7 +10,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL, SMALL_QUEUE, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import MODEL, ONE_WINDOW, SMALL_QUEUE, SMALL_QUEUE_MODEL
 
 BURST = 40
 BODY = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 96,
@@ -67,7 +67,7 @@ def test_a_burst_gets_answers_or_enveloped_refusals(base_url, stream):
 def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
     """Two run, sixteen wait (config defaults), the rest is refused at once; afterwards the
     service holds about what it held before."""
-    body = {"model": MODEL, "prompt": list(range(5, 5 + FULL_VOCAB_MAX)), "max_tokens": 1,
+    body = {"model": MODEL, "prompt": list(range(5, 5 + ONE_WINDOW)), "max_tokens": 1,
             "prompt_logprobs": -1}
     send(base_url, body)  # the path warmed up: what stays after it is the idle footprint
     gc.collect()
@@ -80,7 +80,7 @@ def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
         if response.status_code == 503:
             assert_refusal(response, "full-vocabulary slots")
         else:
-            assert len(response.json()["choices"][0]["prompt_logprobs"]) == FULL_VOCAB_MAX
+            assert len(response.json()["choices"][0]["prompt_logprobs"]) == ONE_WINDOW
     time.sleep(2)
     after = service_memory()
     print(f"\nfull-vocabulary burst: service memory {idle / 2**20:.0f} MiB idle, "

@@ -62,11 +62,6 @@ def reads_after(metrics_url: str, model: str, before: float, expected: int) -> f
     return grown(metrics_url, KV_READS, model, before, expected)
 
 
-@pytest.fixture(scope="module")
-def metrics_url(base_url, metrics_port):
-    return f"http://127.0.0.1:{metrics_port}/metrics"
-
-
 def context_and_choices(reference, seed: str, extra: int = 0) -> tuple[list[int], list[list[int]]]:
     """A context of two blocks of random ids (no other request shares its prefix) and four
     short continuations. Each choice's prompt fills a third block in part: the cache holds

@@ -1,8 +1,13 @@
 """Test data for shaping tests: a character tokenizer, log-probability entries."""
 
+import asyncio
+import dataclasses
+from dataclasses import fields
+
 import numpy as np
 
-from probserve.engine.wire import FullVocabParts, FullVocabRows, PositionLogprobs
+from probserve.engine.wire import EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs, RankedRows
+from probserve.fullvocab.streamed import StreamedRows
 from probserve.text.vocabulary import Vocabulary
 
 
@@ -48,4 +53,41 @@ def full_vocab_parts(distributions: np.ndarray, prompt_token_ids: list[int], k: 
                      chunk_positions: int = 2) -> FullVocabParts:
     """What a replica returns for prompt_logprobs -1, its chunks kept as they are."""
     return FullVocabParts.split(full_vocab_rows(distributions, prompt_token_ids), k,
-                                chunk_positions, store=lambda rows: rows)
+                                chunk_positions)
+
+
+def in_windows(result: EngineResult, sizes: list[int]) -> list[EngineResult]:
+    """A full-vocabulary result as a replica sends it in windows of `sizes` chunks each: the
+    last window carries the completions, the earlier ones none."""
+    parts, windows, start = result.full_vocab, [], 0
+    for index, size in enumerate(sizes):
+        last = index == len(sizes) - 1
+        rows = slice(sum(parts.sizes[:start]), sum(parts.sizes[:start + size]))
+        top_k = RankedRows(*(getattr(parts.top_k, f.name)[rows] for f in fields(RankedRows)))
+        window = FullVocabParts(parts.chunks[start:start + size], parts.sizes[start:start + size], top_k)
+        completions = result.completions if last else []
+        windows.append(dataclasses.replace(result, full_vocab=window, completions=completions))
+        start += size
+    return windows
+
+
+def streamed(windows: list[EngineResult]) -> StreamedRows:
+    """A prompt's rows as the ingress gets them from a replica, window by window."""
+    async def source():
+        for window in windows:
+            await asyncio.sleep(0)
+            yield window
+    return StreamedRows(source())
+
+
+async def each(items):
+    """An async iterable of `items`, one at a time."""
+    for item in items:
+        await asyncio.sleep(0)
+        yield item
+
+
+async def async_parts(parts: list):
+    """Body parts as the relay takes them: text as it is, arrays as async iterables."""
+    for part in parts:
+        yield part if isinstance(part, bytes) else each(part)

@@ -5,8 +5,8 @@ import pytest
 from probserve.api import admission, completions
 from probserve.engine.wire import Completion, EngineResult
 from probserve.fullvocab.json_rows import EntryFragments
-from probserve.fullvocab.response import choice_arrays, json_parts
-from tests.unit.fakes import full_vocab_parts, positions
+from probserve.fullvocab.response import json_parts
+from tests.unit.fakes import full_vocab_parts, in_windows, positions, streamed
 from tests.unit.test_admission import CAPS, VOCAB, admit
 from tests.unit.test_relay import relayed
 
@@ -101,27 +101,33 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
         results.append(EngineResult(np.array(prompt.token_ids, np.int32), None, [GENERATED],
                                     full_vocab_parts(logprobs, prompt.token_ids, k=1, chunk_positions=1)))
     response = completions.completion_response("m", prompts, results, body, VOCAB)
-    parts = json_parts(response, choice_arrays(results, body.n))
+    # the first prompt's two rows in two windows, the second's none
+    windows = [streamed(in_windows(results[0], [1, 1])), streamed(in_windows(results[1], [0]))]
+    head = {name: response[name] for name in ("id", "object", "created", "model")}
+    parts = json_parts(head, windows, body.n,
+                       lambda i, result: completions.prompt_choices(i, prompts[i], result, body, VOCAB),
+                       lambda results: completions.completion_usage(prompts, results, body.n))
     parsed = orjson.loads(relayed(parts, EntryFragments(VOCAB.strings), gzip=False))
     assert len(parsed["choices"]) == 4
     first, third = parsed["choices"][0], parsed["choices"][2]
     assert len(first["prompt_logprobs"]) == 3 and third["prompt_logprobs"] == [None]
+    assert parsed["choices"][1]["prompt_logprobs"] == first["prompt_logprobs"]  # n = 2: again
     assert first["prompt_logprobs"][0] is None
     assert first["prompt_logprobs"][2]["2"] == {"logprob": -3.0, "rank": 3, "decoded_token": "c"}
     assert len(first["prompt_logprobs"][1]) == VOCAB.size
-    # echo's logprobs come from the same arrays: 'b' ranks second, the top-1 is 'a'
+    # echo's logprobs come from the same arrays, joined over the windows: 'b' ranks second,
+    # the top-1 is 'a'
     assert first["logprobs"]["token_logprobs"][:3] == [None, -2.0, -3.0]
     assert first["logprobs"]["top_logprobs"][1] == {"a": -1.0, "b": -2.0}
-    # the fields in the order of every other response, prompt_logprobs last in each choice
+    # each choice's prompt_logprobs first, so that its rows leave before the prompt's end is
+    # computed; the rest as in every other response
     assert list(parsed) == ["id", "object", "created", "model", "choices", "usage"]
-    assert list(first) == ["index", "text", "logprobs", "finish_reason", "prompt_logprobs"]
-    assert parsed["usage"] == response["usage"] and parsed["id"] == response["id"]
-
-
-def test_full_vocab_parts_join_around_the_arrays():
-    parts = list(json_parts({"choices": [{"index": 0}, {"index": 1}]}, [["A"], ["B", "C"]]))
-    assert parts == [b'{"choices":[{"index":0,"prompt_logprobs":[null', ["A"],
-                     b']},{"index":1,"prompt_logprobs":[null', ["B", "C"], b"]}]}"]
+    assert list(first) == ["index", "prompt_logprobs", "text", "logprobs", "finish_reason"]
+    expected = {name: value for name, value in response.items() if name != "choices"}
+    assert {name: value for name, value in parsed.items() if name != "choices"} == expected
+    others = [{name: value for name, value in choice.items() if name != "prompt_logprobs"}
+              for choice in parsed["choices"]]
+    assert others == response["choices"]
 
 
 @pytest.mark.parametrize("temperature", [0, 1e-6])

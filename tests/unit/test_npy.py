@@ -1,5 +1,6 @@
 """The binary form: a streamed .npy file that NumPy reads back."""
 
+import asyncio
 import io
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 
 from probserve.engine.wire import EngineResult
 from probserve.fullvocab import npy
-from tests.unit.fakes import full_vocab_parts
+from tests.unit.fakes import full_vocab_parts, in_windows, streamed
 
 
 @pytest.mark.parametrize("accept, chosen", [
@@ -35,11 +36,15 @@ def test_rows_go_back_to_token_order():
     results = [EngineResult(np.array(p, np.int32), None, [],
                             full_vocab_parts(distributions[: len(p) - 1], p, k=0, chunk_positions=2))
                for p in prompts]
-    parts = list(npy.body_parts(prompts, results, 6))
-    written = [npy.chunk_records(c, c.rows)
-               if isinstance(c, npy.NpyChunk) else c
-               for part in parts for c in ([part] if isinstance(part, bytes) else part)]
-    loaded = np.load(io.BytesIO(b"".join(written)))
+    # the first prompt's rows in two windows of a chunk each; the second has none
+    rows = [streamed(in_windows(results[0], [1, 1])), streamed(in_windows(results[1], [0]))]
+
+    async def written() -> list[bytes]:
+        return [npy.chunk_records(c, c.rows) if isinstance(c, npy.NpyChunk) else c
+                async for part in npy.body_parts(prompts, rows, 6)
+                for c in ([part] if isinstance(part, bytes) else [c async for c in part])]
+    loaded = np.load(io.BytesIO(b"".join(asyncio.run(written()))))
     assert loaded["prompt"].tolist() == [0, 0, 0, 0, 1]
+    assert loaded["position"].tolist() == [0, 1, 2, 3, 0]
     assert loaded["token_id"].tolist() == [0, 1, 2, 3, 5]
     assert np.array_equal(loaded["logprobs"][1:4], distributions)

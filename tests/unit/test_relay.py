@@ -10,11 +10,15 @@ import pytest
 from probserve.fullvocab.compression import deflate_part
 from probserve.fullvocab.json_rows import EntryFragments, chunk_json
 from probserve.fullvocab.relay import full_vocab_body, in_order
+from tests.unit.fakes import async_parts
 from tests.unit.test_json_rows import TOKENS, rows_of
 
 
 def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> bytes:
-    """The body as the ingress sends it, each chunk written in a task of its own."""
+    """The body as the ingress sends it, each chunk written in a task of its own; `parts` as
+    the relay takes them, or listed (arrays as lists)."""
+    source = async_parts(parts) if isinstance(parts, list) else parts
+
     async def write(rows):
         await asyncio.sleep(0.001 * (len(rows.logprobs) % 3))  # finish out of order
         text = chunk_json(rows, fragments)
@@ -24,7 +28,7 @@ def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> by
         return asyncio.ensure_future(write(rows))
 
     async def body() -> bytes:
-        return b"".join([piece async for piece in full_vocab_body(parts, start, window, gzip)])
+        return b"".join([piece async for piece in full_vocab_body(source, start, window, gzip)])
     return asyncio.run(body())
 
 
@@ -55,10 +59,16 @@ class Call:
         self.future.cancel()
 
 
+async def calls(log: list, count: int):
+    """`count` calls, each made when taken."""
+    for index in range(count):
+        yield Call(log, index)
+
+
 def test_results_come_in_order_with_at_most_window_under_way():
     async def scenario():
         started: list[Call] = []
-        results = in_order((Call(started, i) for i in range(10)), window=3)
+        results = in_order(calls(started, 10), window=3)
         first = asyncio.ensure_future(anext(results))
         await asyncio.sleep(0)
         assert len(started) == 3  # no more until the first is taken
@@ -77,7 +87,7 @@ def test_results_come_in_order_with_at_most_window_under_way():
 def test_a_failed_call_ends_the_relay_and_cancels_the_others():
     async def scenario():
         started: list[Call] = []
-        results = in_order((Call(started, i) for i in range(5)), window=2)
+        results = in_order(calls(started, 5), window=2)
         taken = asyncio.ensure_future(anext(results))
         await asyncio.sleep(0)
         started[0].future.set_exception(RuntimeError("the pool worker died"))

@@ -27,11 +27,20 @@ def test_labels_and_the_cache_limit_travel_together():
 
 @pytest.mark.parametrize("fields", [{"prompt_logprobs": 1, "prompt_rows_from": 1},
                                     {"prompt_logprobs": 1}, {"prompt_rows_from": 3},
-                                    {"prompt_logprobs": -1, "prompt_rows_from": 3}])
+                                    {"prompt_logprobs": 1, "prompt_rows_from": 3,
+                                     "read_prefix_cache": False}])
 def test_vllm_decides_when_every_row_is_shown_or_none_is_asked(fields):
     assert "skip_reading_prefix_cache" not in logprob_params(request(**fields))
     assert PREFIX_CACHE_LIMIT not in (logprob_params(request(**fields))["extra_args"] or {})
 
 
-def test_the_full_vocabulary_is_marked():
-    assert logprob_params(request(prompt_logprobs=-1))["extra_args"] == {FULL_VOCAB: True}
+def test_the_full_vocabulary_is_marked_with_its_first_row():
+    assert logprob_params(request(prompt_logprobs=-1))["extra_args"] == {FULL_VOCAB: 0}
+    # a window after the first: its rows from position 3 (row 2) on, the two tokens before
+    # read from the cache
+    window = logprob_params(request(prompt_logprobs=-1, prompt_rows_from=3))
+    assert window["extra_args"] == {FULL_VOCAB: 2, PREFIX_CACHE_LIMIT: 2}
+    assert window["skip_reading_prefix_cache"] is False
+    # computed again without the cache: still from its first row
+    again = logprob_params(request(prompt_logprobs=-1, prompt_rows_from=3, read_prefix_cache=False))
+    assert again["extra_args"] == {FULL_VOCAB: 2} and "skip_reading_prefix_cache" not in again

@@ -18,6 +18,7 @@ import torch
 from probserve.engine import vllm_fence
 from probserve.engine.vllm_fence import (
     COPIED_CONSTANTS,
+    FULL_VOCAB,
     MARKED_COUNT_USES,
     PREFIX_CACHE_LIMIT,
     RUNNER_COUNT_METHODS,
@@ -25,8 +26,10 @@ from probserve.engine.vllm_fence import (
     FullVocabCount,
     LabelCount,
     full_vocab_mismatch,
+    marked_count,
     original,
     register,
+    rows_from,
 )
 from tests.unit.fakes import full_vocab_rows, positions
 
@@ -139,7 +142,7 @@ def test_the_full_vocabulary_comes_as_it_is_with_only_the_prompt_tokens_ids():
     from vllm.v1.sample.sampler import Sampler
 
     logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
-    count = FullVocabCount(4)
+    count = FullVocabCount(4, 0)
     gathered = Sampler.gather_logprobs(logprobs, count, torch.tensor([2, 0]))
     assert gathered.logprob_token_ids.tolist() == [[2], [0]]
     assert gathered.logprobs is logprobs  # no copy
@@ -153,6 +156,20 @@ def test_the_full_vocabulary_comes_as_it_is_with_only_the_prompt_tokens_ids():
     assert plain.logprob_token_ids.shape == (2, 3)
     for tensor in (plain.logprob_token_ids, plain.logprobs, plain.selected_token_ranks):
         assert not tensor.any()
+
+
+def test_a_windows_rows_leave_the_worker_from_its_first_row_on_copied():
+    from vllm.v1.outputs import LogprobsTensors
+
+    count = marked_count(4, {FULL_VOCAB: 2})
+    assert isinstance(count + 1, FullVocabCount) and (count + 1).first_row == 2  # the buffer's size
+    buffer = LogprobsTensors.empty_cpu(5, count + 1)
+    written = torch.arange(12.0).reshape(3, 4)
+    buffer.logprobs[2:] = written
+    rows = rows_from(buffer, count.first_row)
+    assert isinstance(rows, LogprobsTensors) and rows.logprobs.tolist() == written.tolist()
+    assert rows.logprobs.untyped_storage().nbytes() == 3 * 4 * 4  # not a view of the buffer
+    assert rows.logprob_token_ids.shape == (3, 1) and rows.selected_token_ranks.shape == (3,)
 
 
 BLOCK = 4

@@ -1,0 +1,37 @@
+"""Full-vocabulary windows: a prompt's rows computed W positions at a time, each window an
+engine request that reads the KV cache of the windows before it, so that its rows can leave
+as soon as it ends instead of after the whole prompt (vLLM returns a prompt's rows only when
+its prefill ends) and no process holds more than a window of [positions x vocabulary].
+
+Window k shows positions kW + 1 .. (k + 1)W: its prompt ends at its last position, and it may
+read the first kW tokens from the cache, whole blocks when W is a multiple of the KV block.
+Only the last window, the whole prompt, generates what the request asks.
+"""
+
+import dataclasses
+
+from probserve.engine.wire import EngineRequest
+
+# What a window before the last generates: one greedy token, as cheap as it gets.
+ROWS_ONLY = {"max_tokens": 1, "n": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": [],
+             "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None}
+
+
+def window_starts(first: int, last: int, window: int) -> list[int]:
+    """The first position of each window showing positions `first`..`last`, on multiples of
+    `window` (plus one) after the first."""
+    aligned = (first - 1) // window * window + window + 1
+    return [first, *range(aligned, last + 1, window)]
+
+
+def full_vocab_windows(request: EngineRequest, window: int) -> list[EngineRequest]:
+    """The engine requests that compute a full-vocabulary request's rows, in order."""
+    tokens, first = request.prompt_token_ids, max(request.prompt_rows_from, 1)
+    last = len(tokens) - 1  # the last position with a row
+    if last <= first:
+        return [dataclasses.replace(request, prompt_rows_from=first)]
+    starts = window_starts(first, last, window)
+    ends = [start - 1 for start in starts[1:]]
+    before_last = [dataclasses.replace(request, prompt_token_ids=tokens[:end + 1], prompt_rows_from=start,
+                                       **ROWS_ONLY) for start, end in zip(starts, ends)]
+    return [*before_last, dataclasses.replace(request, prompt_rows_from=starts[-1])]

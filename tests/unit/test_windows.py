@@ -1,0 +1,42 @@
+"""Full-vocabulary windows: which engine requests compute a prompt's rows, in what order."""
+
+import pytest
+
+from probserve.engine.windows import ROWS_ONLY, full_vocab_windows, window_starts
+from probserve.engine.wire import EngineRequest
+
+REQUEST = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=5, temperature=0.7, top_p=0.9,
+                        n=3, seed=4, stop=["x"], logprobs=2, prompt_logprobs=-1)
+
+
+@pytest.mark.parametrize("first, last, window, starts", [
+    (1, 10, 4, [1, 5, 9]), (1, 8, 4, [1, 5]), (1, 4, 4, [1]), (3, 10, 4, [3, 5, 9]), (5, 12, 4, [5, 9]),
+])
+def test_windows_start_after_multiples_of_the_window(first, last, window, starts):
+    assert window_starts(first, last, window) == starts
+
+
+def test_each_window_shows_its_positions_reading_the_ones_before():
+    windows = full_vocab_windows(REQUEST, 4)  # rows of positions 1..10
+    assert [len(w.prompt_token_ids) for w in windows] == [5, 9, 11]
+    assert [w.prompt_rows_from for w in windows] == [1, 5, 9]
+    # each ends at its last position and may read the tokens before its first from the cache
+    assert [w.cache_readable_tokens() for w in windows] == [0, 4, 8]
+    assert [w.first_prompt_row() for w in windows] == [0, 4, 8]
+    assert all(w.prompt_token_ids == REQUEST.prompt_token_ids[:len(w.prompt_token_ids)] for w in windows)
+
+
+def test_only_the_last_window_generates_what_was_asked():
+    *before, last = full_vocab_windows(REQUEST, 4)
+    for window in before:
+        assert {name: getattr(window, name) for name in ROWS_ONLY} == ROWS_ONLY
+        assert (window.logprobs, window.prompt_logprobs) == (2, -1)  # the echo's top-k of its rows
+    assert (last.max_tokens, last.n, last.temperature, last.seed, last.stop) == (5, 3, 0.7, 4, ["x"])
+
+
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_a_prompt_within_one_window_is_one_request(length):
+    request = EngineRequest(prompt_token_ids=list(range(length)), max_tokens=1, temperature=0.0, top_p=1.0,
+                            prompt_logprobs=-1)
+    (window,) = full_vocab_windows(request, 4)
+    assert window.prompt_token_ids == request.prompt_token_ids and window.cache_readable_tokens() == 0
