@@ -120,6 +120,19 @@ def run_probserve(sizes: list[int], repeats: int, workers: int, window: int) -> 
         local_ray.stop()
 
 
+def resident_by_process() -> dict[str, int]:
+    """Resident memory of the service's processes, by name (Ray's and vLLM's process titles),
+    plus Ray's object store (shared memory, in /dev/shm)."""
+    resident: dict[str, int] = {}
+    for process in psutil.process_iter(["cmdline", "memory_info"]):
+        title = " ".join(process.info["cmdline"] or [])
+        if title.startswith(("ray::", "VLLM")):
+            name = title.split(" ")[0]
+            resident[name] = resident.get(name, 0) + process.info["memory_info"].rss
+    resident["object store (/dev/shm)"] = psutil.disk_usage("/dev/shm").used
+    return resident
+
+
 def after_start(config_file: str, tokens: int, count: int) -> None:
     """The first `count` gzip requests after the service starts as `make serve` starts it
     (the config file's app), with the memory in use after each above the level before the
@@ -128,13 +141,16 @@ def after_start(config_file: str, tokens: int, count: int) -> None:
     url = local_ray.start(args, port=PORT, log_to_driver=False)
     try:
         time.sleep(5)  # what the start left running settles
-        started = memory_in_use()
-        print("| request after start | first byte | total | memory in use after, above the start |\n"
-              "| --- | --- | --- | --- |")
+        started, processes = memory_in_use(), resident_by_process()
+        print("| request after start | first byte | total | memory in use after, above the start "
+              "| largest growths (resident) |\n| --- | --- | --- | --- | --- |")
         for index in range(1, count + 1):
             timing = timed_request(url, tokens, FORMS["gzip"])
+            now = resident_by_process()
+            growth = sorted(((now[name] - processes.get(name, 0), name) for name in now), reverse=True)
+            largest = ", ".join(f"{name} {grown / 2**20:+.0f} MiB" for grown, name in growth[:3])
             print(f"| {index} | {timing.first_byte:.2f} s | {timing.total:.2f} s "
-                  f"| {(memory_in_use() - started) / 2**20:+.0f} MiB |", flush=True)
+                  f"| {(memory_in_use() - started) / 2**20:+.0f} MiB | {largest} |", flush=True)
     finally:
         local_ray.stop()
 

@@ -178,25 +178,28 @@ def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
             assert abs(entry["logprob"] - expected[token]["logprob"]) <= TOLERANCE
 
 
-@pytest.mark.parametrize("shape", HARNESS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
-        complete, references, metrics_url, family, shape):
-    reference, fields = references[family], HARNESS[shape]
-    context, choices = context_and_choices(reference, seed=f"{family}/{shape}", extra=50)
+        complete, references, metrics_url, family):
+    """Every shape a harness sends, for each choice of one context: the first request computes
+    the context, every later one (of any shape) gets its rows from the scored cache."""
+    reference = references[family]
+    context, choices = context_and_choices(reference, seed=f"{family}/harness", extra=50)
     known = (len(context) - 1) // BLOCK * BLOCK  # rows 1..256: the blocks within the context
     before = {metric: exported(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
     for choice in choices:
         ids = context + choice
-        cached = scored(complete, family, ids, **fields)
-        # prompt_logprobs above the cache's top-k: computed whole
-        uncached = scored(complete, family, ids, **{**fields, "prompt_logprobs": CACHED_TOP_K + 1})
-        assert_same_rows(cached, uncached, len(ids))
         rows = reference.prompt_rows(ids)
-        if cached["logprobs"] is not None:
-            np.testing.assert_allclose(cached["logprobs"]["token_logprobs"][1:len(ids)],
-                                       [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
-    # Each choice after the first got the context's rows from the scored cache and read their
+        for fields in HARNESS.values():
+            cached = scored(complete, family, ids, **fields)
+            # prompt_logprobs above the cache's top-k: computed whole
+            uncached = scored(complete, family, ids, **{**fields, "prompt_logprobs": CACHED_TOP_K + 1})
+            assert_same_rows(cached, uncached, len(ids))
+            if cached["logprobs"] is not None:
+                np.testing.assert_allclose(cached["logprobs"]["token_logprobs"][1:len(ids)],
+                                           [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
+    # Every request after the first got the context's rows from the scored cache and read their
     # blocks from the KV cache; the wider ones, computed whole, neither.
+    served = (CHOICES * len(HARNESS) - 1) * known
     for metric, start in before.items():
-        assert grown(metrics_url, metric, family, start, (CHOICES - 1) * known) == (CHOICES - 1) * known
+        assert grown(metrics_url, metric, family, start, served) == served
