@@ -34,6 +34,9 @@ CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABEL
 # tests kill its engine, and Ray Serve checks its health every 2 s.
 SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2,
                                             "health_check_period_s": 2}
+# A scored-prefix cache of a few contexts (two 128-position blocks of top-5 rows are 26 kB):
+# a flood of distinct ones evicts (test_prefix_reuse.py).
+SMALL_CACHE_MODEL, SMALL_CACHE_BYTES = TINY_BOS, 80_000
 # The autoscaling test loads this one: one replica at rest, two under load, as the demo file
 # scales its model.
 AUTOSCALING_FILE = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
@@ -45,6 +48,7 @@ CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
+                **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024},

@@ -150,32 +150,37 @@ def random_prompt(reference, seed: str, length: int) -> list[int]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, references, metrics_url,
                                                                         family):
-    """300 tokens in windows of 128 positions: the second reads 128 tokens of the first from the KV
-    cache, the third 256, in JSON (every choice of n = 2, with the echo's top-2 joined over the
-    windows) and again in `.npy`; every row is the reference's."""
+    """300 tokens in windows of 128 positions: the second reads 128 tokens of the first from the
+    KV cache, the third 256, in `.npy` on every family, and in JSON (both choices of n = 2,
+    with the echo's top-2 joined over the windows) on the first; every row is the reference's."""
     reference = references[family]
     ids = random_prompt(reference, f"windows/{family}", FULL_VOCAB_MAX)
     rows = reference.prompt_rows(ids)
     before = cache_reads(metrics_url, family)
+    _, records = npy_records(http, {"model": family, "prompt": ids, "max_tokens": 1, "prompt_logprobs": -1})
+    assert records["position"].tolist() == list(range(len(ids))) and records["token_id"].tolist() == ids
+    np.testing.assert_allclose(records["logprobs"][1:], rows[1:], atol=TOLERANCE)
+    if family == MODEL:
+        assert_windowed_json(http, family, ids, rows)
+    reads = (2 if family == MODEL else 1) * (128 + 256)
+    assert reads_after(metrics_url, family, before, reads) == reads
+
+
+def assert_windowed_json(http, family: str, ids: list[int], rows: np.ndarray) -> None:
     _, raw = full_vocab(http, ids, model=family, echo=True, logprobs=2, n=2, temperature=1.0, seed=3)
-    choices = orjson.loads(gzip.decompress(raw))["choices"]
-    assert len(choices) == 2 and choices[0]["prompt_logprobs"] == choices[1]["prompt_logprobs"]
-    for choice in choices:
-        positions = choice["prompt_logprobs"]
-        assert len(positions) == len(ids) and positions[0] is None
-        for p in range(1, len(ids)):
-            token_ids = np.array([int(t) for t in positions[p]])
-            logprobs = np.array([e["logprob"] for e in positions[p].values()])
-            assert len(token_ids) == rows.shape[1]
-            np.testing.assert_allclose(logprobs, rows[p][token_ids], atol=TOLERANCE)
+    first, second = orjson.loads(gzip.decompress(raw))["choices"]
+    assert second["prompt_logprobs"] == first["prompt_logprobs"]
+    positions = first["prompt_logprobs"]
+    assert len(positions) == len(ids) and positions[0] is None
+    for p in range(1, len(ids)):
+        token_ids = np.array([int(t) for t in positions[p]])
+        logprobs = np.array([e["logprob"] for e in positions[p].values()])
+        assert len(token_ids) == rows.shape[1]
+        np.testing.assert_allclose(logprobs, rows[p][token_ids], atol=TOLERANCE)
+    for choice in (first, second):
         echoed = choice["logprobs"]
         np.testing.assert_allclose(echoed["token_logprobs"][1:len(ids)],
                                    rows[np.arange(1, len(ids)), ids[1:]], atol=TOLERANCE)
         for p in (1, 128, 129, 256, 257, 299):
             top = list(echoed["top_logprobs"][p].values())[:2]
             np.testing.assert_allclose(top, np.sort(rows[p])[::-1][:2], atol=TOLERANCE)
-    _, records = npy_records(http, {"model": family, "prompt": ids, "max_tokens": 1, "prompt_logprobs": -1})
-    assert records["position"].tolist() == list(range(len(ids))) and records["token_id"].tolist() == ids
-    np.testing.assert_allclose(records["logprobs"][1:], rows[1:], atol=TOLERANCE)
-    reads = 2 * (128 + 256)
-    assert reads_after(metrics_url, family, before, reads) == reads

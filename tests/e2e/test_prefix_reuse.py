@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from probserve.config import ScoredCacheConfig
-from tests.e2e.conftest import FAMILIES, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import FAMILIES, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
 
 BLOCK = 128  # vLLM's KV cache block on the CPU: hits are whole blocks
@@ -28,6 +28,7 @@ REPORT_S = 2.5  # Ray's metrics report interval in the tests, and a little
 
 KV_READS = "probserve_prefix_cache_read_tokens_total"
 SCORED_SERVED = "probserve_scored_positions_total"  # source="cache"
+SCORED_BYTES = "probserve_scored_cache_bytes"
 
 
 def exported(metrics_url: str, metric: str, model: str, application: str = "probserve") -> float:
@@ -156,11 +157,12 @@ def test_choices_sent_together_compute_their_context_once(complete, references, 
 # top-k) get the rows of a scored prefix from it. Its blocks are the KV cache's: block b holds
 # positions 128b + 1 .. 128(b + 1), so the choices of a 306-token context share its first 256.
 HARNESS = {"echo": {"echo": True, "logprobs": 1}, "top-5 echo": {"echo": True, "logprobs": CACHED_TOP_K},
-           "prompt_logprobs": {"prompt_logprobs": 2}}
+           "prompt_logprobs": {"prompt_logprobs": 2},
+           "n = 2, sampled": {"echo": True, "logprobs": 1, "n": 2, "temperature": 1.0, "seed": 7}}
 
 
-def scored(complete, model: str, ids: list[int], **fields) -> dict:
-    return complete(model=model, prompt=ids, max_tokens=1, temperature=0, **fields)["choices"][0]
+def scored(complete, model: str, ids: list[int], **fields) -> list[dict]:
+    return complete(model=model, prompt=ids, max_tokens=1, **{"temperature": 0, **fields})["choices"]
 
 
 def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
@@ -181,8 +183,9 @@ def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
         complete, references, metrics_url, family):
-    """Every shape a harness sends, for each choice of one context: the first request computes
-    the context, every later one (of any shape) gets its rows from the scored cache."""
+    """Every shape a harness sends (and n > 1), for each choice of one context: the first
+    request computes the context, every later one (of any shape) gets its rows from the
+    scored cache."""
     reference = references[family]
     context, choices = context_and_choices(reference, seed=f"{family}/harness", extra=50)
     known = (len(context) - 1) // BLOCK * BLOCK  # rows 1..256: the blocks within the context
@@ -194,12 +197,40 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
             cached = scored(complete, family, ids, **fields)
             # prompt_logprobs above the cache's top-k: computed whole
             uncached = scored(complete, family, ids, **{**fields, "prompt_logprobs": CACHED_TOP_K + 1})
-            assert_same_rows(cached, uncached, len(ids))
-            if cached["logprobs"] is not None:
-                np.testing.assert_allclose(cached["logprobs"]["token_logprobs"][1:len(ids)],
-                                           [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
+            assert len(cached) == len(uncached) == fields.get("n", 1)
+            for choice in cached:  # each of n choices shows the prompt's rows
+                assert_same_rows(choice, uncached[0], len(ids))
+                if choice["logprobs"] is not None:
+                    np.testing.assert_allclose(choice["logprobs"]["token_logprobs"][1:len(ids)],
+                                               [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
     # Every request after the first got the context's rows from the scored cache and read their
     # blocks from the KV cache; the wider ones, computed whole, neither.
     served = (CHOICES * len(HARNESS) - 1) * known
     for metric, start in before.items():
         assert grown(metrics_url, metric, family, start, served) == served
+
+
+def test_a_flood_of_distinct_prefixes_keeps_the_byte_bound_and_the_answers_right(complete, references,
+                                                                                  metrics_url):
+    """The scored cache of the model configured small (tests/e2e/conftest.py) holds a few
+    contexts: a flood of distinct ones evicts the oldest, the cache stays within its bytes, the
+    last one is served from it, the first is computed again, and every answer is the
+    reference's."""
+    reference = references[SMALL_CACHE_MODEL]
+    contexts = [context_and_choices(reference, seed=f"flood/{index}", extra=10)[0] for index in range(12)]
+
+    def echoed(ids: list[int]) -> None:
+        (choice,) = scored(complete, SMALL_CACHE_MODEL, ids, echo=True, logprobs=1)
+        rows = reference.prompt_rows(ids)
+        np.testing.assert_allclose(choice["logprobs"]["token_logprobs"][1:len(ids)],
+                                   [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
+
+    for ids in contexts:
+        echoed(ids)
+    time.sleep(REPORT_S)
+    held = exported(metrics_url, SCORED_BYTES, SMALL_CACHE_MODEL)
+    assert 0 < held <= SMALL_CACHE_BYTES
+    for ids, served in ((contexts[-1], 2 * BLOCK), (contexts[0], 0)):
+        before = exported(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL)
+        echoed(ids)
+        assert grown(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL, before, served) == served
