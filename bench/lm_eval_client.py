@@ -9,7 +9,7 @@ requests in flight, and scores each choice from the echoed logprobs.
 
 lm-eval is not one of probserve's dependencies: install it into the environment first.
 
-    .venv/bin/pip install lm-eval==0.4.13
+    .venv/bin/pip install "lm-eval[api]==0.4.13"
     .venv/bin/python bench/lm_eval_client.py
 """
 
@@ -71,7 +71,7 @@ def evaluate(url: str, folder: Path) -> tuple[float, dict]:
 
 
 def loglikelihoods(results: dict) -> list[float]:
-    return [response[0][0] for sample in results["samples"][TASK] for response in sample["filtered_resps"]]
+    return [response[0] for sample in results["samples"][TASK] for response in sample["filtered_resps"]]
 
 
 def main() -> None:
