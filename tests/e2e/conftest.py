@@ -51,7 +51,9 @@ CONFIG = {
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
-    "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024},
+    # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow
+    # machine every waiter of test_overload.py's burst is served.
+    "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024, "full_vocab_wait_s": 120},
     # Two workers, so that every full-vocabulary response is written by both at once; chunks
     # of 8 positions, so that a test prompt has several.
     "serializer_pool": {"chunk_positions": 8, "autoscaling_config": {"min_replicas": 2,

@@ -65,8 +65,8 @@ def test_a_burst_gets_answers_or_enveloped_refusals(base_url, stream):
 
 
 def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
-    """Two run, sixteen wait (config defaults), the rest is refused at once; afterwards the
-    service holds about what it held before."""
+    """Two run, sixteen wait (config defaults; each waits up to 120 s here), the rest is refused
+    at once; afterwards the service holds about what it held before."""
     body = {"model": MODEL, "prompt": list(range(5, 5 + ONE_WINDOW)), "max_tokens": 1,
             "prompt_logprobs": -1}
     send(base_url, body)  # the path warmed up: what stays after it is the idle footprint
