@@ -4,7 +4,6 @@ none of that lives on the production replica."""
 
 import sys
 
-import psutil
 from ray import cloudpickle, serve
 
 from probserve.engine.replica import ModelReplica
@@ -30,9 +29,10 @@ class InspectedReplica(ModelReplica.func_or_class):
         stay among them."""
         return self.engine.output_processor.get_num_unfinished_requests()
 
-    def engine_pids(self) -> list[int]:
-        """The engine's own processes (EngineCore and its workers)."""
-        return [child.pid for child in psutil.Process().children(recursive=True)]
+    def engine_core_pids(self) -> list[int]:
+        """The engine's EngineCore processes, as vLLM's own launcher holds them (a process's
+        title is no sure sign: one fresh-clone run found none titled EngineCore)."""
+        return [process.pid for process in self.engine.engine_core.resources.engine_manager.processes]
 
 
 # Ray's workers cannot import the tests package: the class travels by value.

@@ -22,9 +22,8 @@ def replica():
 
 
 def engine_core() -> psutil.Process:
-    (core,) = [process for process in map(psutil.Process, replica().engine_pids.remote().result())
-               if "EngineCore" in " ".join(process.cmdline())]  # vLLM names it in its title
-    return core
+    (pid,) = replica().engine_core_pids.remote().result()
+    return psutil.Process(pid)
 
 
 def the_others_stay_ready_and_serving(http) -> None:
