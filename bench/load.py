@@ -1,20 +1,25 @@
-"""Load: named workloads against probserve and vLLM's own OpenAI server, side by side in one run.
+"""Load: named workloads against probserve, vLLM's own OpenAI server and Ray Serve LLM's OpenAI
+app, side by side in one run.
 
-Both serve the embedded SmolLM2-135M-Instruct in float32 on this machine, one after the other
+All serve the embedded SmolLM2-135M-Instruct in float32 on this machine, one after the other
 (never together: they would share the cores). Each run is bounded in requests and in time,
 at a fixed concurrency (closed loop) or a target rate (open loop, Poisson arrivals), and
 reports req/s, tokens/s (prompt tokens computed plus generated), p50/p99 latency to the last
-byte, and status counts; then the ratios probserve / vLLM.
+byte, status counts, and the CPU time per answered request of each of the server's processes
+(Serve's proxy, each deployment's replicas, vLLM's engine core...); then the ratios of
+probserve to each peer.
 
     .venv/bin/python bench/load.py                                  # the benchmark table
     .venv/bin/python bench/load.py --workloads small --concurrency 16 64 --requests 300
     .venv/bin/python bench/load.py --workloads mixed --rate 20 --requests 400 --targets probserve
+    .venv/bin/python bench/load.py --targets vllm ray-serve-llm probserve
 """
 
 import argparse
 import asyncio
 import collections
 import random
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -22,7 +27,8 @@ from pathlib import Path
 
 import httpx
 import orjson
-from servers import vllm_server
+import psutil
+from servers import ray_serve_llm, vllm_server
 
 from probserve.ops import cli, local_ray
 from probserve.store.home import apply_cache_environment
@@ -55,6 +61,40 @@ WORKLOADS = {"small": small, "echo128": echo128, "full_vocab": full_vocab, "mixe
 DEFAULT_RUNS = [("small", 1, 100), ("small", 16, 100), ("small", 64, 300), ("echo128", 16, 100)]
 
 
+def process_role(command_line: str) -> str:
+    """What a server's process is, from its command line (Ray and vLLM name their processes)."""
+    if deployment := re.search(r"ServeReplica:[^:\s]+:(\S+)", command_line):
+        return deployment[1]
+    for mark, role in (("ProxyActor", "Serve proxy"), ("haproxy", "HAProxy"),
+                       ("EngineCore", "vLLM engine core"), ("Worker", "vLLM worker"),
+                       ("vllm.entrypoints", "vLLM API server")):
+        if mark in command_line:
+            return role
+    return "other (Ray's own)"
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Each process this one started (Ray's and the servers', at any depth): its role and CPU
+    seconds so far."""
+    seconds = {}
+    for process in psutil.Process().children(recursive=True):
+        try:
+            times = process.cpu_times()
+            seconds[process.pid] = (process_role(" ".join(process.cmdline())),
+                                    times.user + times.system)
+        except psutil.Error:
+            continue  # gone meanwhile
+    return seconds
+
+
+def cpu_per_request(before: dict, after: dict, answered: int) -> dict[str, float]:
+    """Milliseconds of CPU per answered request, by role, between two `cpu_seconds()`."""
+    spent = collections.Counter()
+    for pid, (role, seconds) in after.items():
+        spent[role] += seconds - before.get(pid, (role, 0.0))[1]
+    return {role: 1000 * seconds / max(answered, 1) for role, seconds in spent.most_common()}
+
+
 @dataclass
 class Run:
     latencies: list[float] = field(default_factory=list)
@@ -62,6 +102,7 @@ class Run:
     errors: dict = field(default_factory=dict)  # status -> the first refusal's body
     tokens: int = 0
     seconds: float = 0.0
+    cpu_ms: dict = field(default_factory=dict)  # role -> CPU milliseconds per answered request
 
     def report(self) -> dict:
         done = sorted(self.latencies)
@@ -73,6 +114,7 @@ class Run:
             "p99": done[min(len(done) - 1, int(len(done) * 0.99))] if done else float("nan"),
             "statuses": dict(self.statuses),
             "errors": self.errors,
+            "cpu_ms": self.cpu_ms,
         }
 
 
@@ -143,14 +185,19 @@ def measure(url: str, model: str, plan: list[tuple], rate: float | None, time_li
     for workload, concurrency, requests in plan:
         random.seed(0)  # the same mix for both servers
         make = WORKLOADS[workload]
+        before = cpu_seconds()
         if rate:
             run = asyncio.run(open_loop(url, model, make, rate, requests, time_limit))
         else:
             run = asyncio.run(closed_loop(url, model, make, concurrency, requests, time_limit))
+        run.cpu_ms = cpu_per_request(before, cpu_seconds(), run.statuses[200])
         results[workload, concurrency] = report = run.report()
         print(f"  {workload:>10} c{concurrency:<3} {report['requests']:>4} req  "
               f"{report['req/s']:6.2f} req/s  {report['tokens/s']:8.0f} tok/s  "
               f"p50 {report['p50']:.3f} s  p99 {report['p99']:.3f} s  {report['statuses']}", flush=True)
+        print("    CPU ms per request: " + ", ".join(
+            f"{role} {ms:.1f}" for role, ms in report["cpu_ms"].items() if ms >= 0.05)
+            + f"; total {sum(report['cpu_ms'].values()):.1f}", flush=True)
         for status, body in report["errors"].items():
             print(f"    first {status}: {body}", flush=True)
     return results
@@ -165,6 +212,15 @@ def run_vllm(plan, rate, time_limit, tuned: bool) -> dict:
     finally:
         server.terminate()
         server.wait()
+
+
+def run_ray_serve_llm(plan, rate, time_limit) -> dict:
+    print("Ray Serve LLM (build_openai_app):", flush=True)
+    url = ray_serve_llm(PORT)
+    try:
+        return measure(url, SMOLLM2, plan, rate, time_limit)
+    finally:
+        local_ray.stop()
 
 
 def run_probserve(config: Path, plan, rate, time_limit) -> dict:
@@ -186,9 +242,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100, help="at most, per run")
     parser.add_argument("--time-limit", type=float, default=300, help="seconds, at most, per run")
     parser.add_argument("--targets", nargs="+", default=["vllm", "probserve"],
-                        choices=["vllm", "vllm-defaults", "probserve"],
+                        choices=["vllm", "vllm-defaults", "ray-serve-llm", "probserve"],
                         help="vllm: vLLM's server with probserve's engine settings; "
-                             "vllm-defaults: as a new user starts it")
+                             "vllm-defaults: as a new user starts it; ray-serve-llm: Ray Serve "
+                             "LLM's OpenAI app with probserve's engine settings")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
     plan = DEFAULT_RUNS if not options.workloads else [
@@ -199,21 +256,24 @@ def main() -> None:
     for target in options.targets:
         if target == "probserve":
             results[target] = run_probserve(options.config, plan, options.rate, options.time_limit)
+        elif target == "ray-serve-llm":
+            results[target] = run_ray_serve_llm(plan, options.rate, options.time_limit)
         else:
             results[target] = run_vllm(plan, options.rate, options.time_limit, target == "vllm")
     print_ratios(results)
 
 
 def print_ratios(results: dict) -> None:
-    """probserve against each vLLM server that ran."""
+    """probserve against each peer that ran: request rates and CPU per request."""
     ours = results.get("probserve")
     for baseline in (name for name in results if name != "probserve" and ours):
-        print(f"| workload | concurrency | {baseline} | probserve | ratio |\n"
-              "| --- | --- | --- | --- | --- |")
+        print(f"| workload | concurrency | {baseline} | probserve | ratio | CPU ms/request "
+              f"({baseline} / probserve) |\n| --- | --- | --- | --- | --- | --- |")
         for key, theirs in results[baseline].items():
-            mine = ours[key]["req/s"]
-            print(f"| {key[0]} | {key[1]} | {theirs['req/s']:.1f} req/s | {mine:.1f} req/s | "
-                  f"{mine / theirs['req/s']:.2f}x |")
+            mine = ours[key]
+            print(f"| {key[0]} | {key[1]} | {theirs['req/s']:.1f} req/s | {mine['req/s']:.1f} req/s | "
+                  f"{mine['req/s'] / theirs['req/s']:.2f}x | {sum(theirs['cpu_ms'].values()):.1f} / "
+                  f"{sum(mine['cpu_ms'].values()):.1f} |")
 
 
 if __name__ == "__main__":
