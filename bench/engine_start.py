@@ -1,7 +1,7 @@
 """vLLM's engine start and request rate on the CPU, with the model in a third process (vLLM's
-multiprocessing executor, its CPU default) and in the engine-core process
-(`VLLM_ENABLE_V1_MULTIPROCESSING=0`, what a probserve replica sets). Each run is a fresh
-interpreter with the replica's engine arguments, alternating between the two, so both see the
+multiprocessing executor, its CPU default, what a probserve replica runs) and in the
+engine-core process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). Each run is a fresh interpreter,
+outside Ray, with the replica's engine arguments, alternating between the two, so both see the
 same machine.
 
 Reports, per setting: seconds to import vLLM, to start the engine, and small requests per
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-SETTINGS = {"third process (vLLM's CPU default)": "1", "engine-core process (probserve)": "0"}
+SETTINGS = {"third process (vLLM's CPU default, probserve)": "1", "engine-core process": "0"}
 
 
 async def measure(model_name: str, requests: int) -> dict:

@@ -64,13 +64,13 @@ DEFAULT_RUNS = [("small", 1, 100), ("small", 16, 100), ("small", 64, 300), ("ech
 def process_role(command_line: str) -> str:
     """What a server's process is, from its command line (Ray and vLLM name their processes)."""
     if deployment := re.search(r"ServeReplica:[^:\s]+:(\S+)", command_line):
-        return deployment[1]
+        return re.sub(r"\.[A-Za-z_]\w*$", "", deployment[1])  # Ray adds the running method
     for mark, role in (("ProxyActor", "Serve proxy"), ("haproxy", "HAProxy"),
-                       ("EngineCore", "vLLM engine core"), ("Worker", "vLLM worker"),
-                       ("vllm.entrypoints", "vLLM API server")):
+                       ("EngineCore", "vLLM engine core"), ("RayWorkerWrapper", "vLLM worker"),
+                       ("VLLM::Worker", "vLLM worker"), ("vllm.entrypoints", "vLLM API server")):
         if mark in command_line:
             return role
-    return "other (Ray's own)"
+    return f"other: {Path(command_line.split(' ', 1)[0]).name}"
 
 
 def cpu_seconds() -> dict[int, tuple[str, float]]:

@@ -1,6 +1,7 @@
 """The benchmarks' peers: vLLM's own OpenAI server, and Ray Serve LLM's OpenAI app (the peer on
 probserve's own architecture), on the embedded SmolLM2 with probserve's engine settings."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -8,21 +9,20 @@ import time
 
 import httpx
 
-from probserve.store.home import apply_cache_environment
+from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2, embedded_model_path
 
 # What a probserve replica sets (probserve.engine.replica.prepare_process), and vLLM as it
 # ships: without probserve's plugin from this environment.
-ENGINE_ENVIRONMENT = {"VLLM_PLUGINS": "", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-                      "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+ENGINE_ENVIRONMENT = {"VLLM_PLUGINS": "", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 RAY_SERVE_LLM_APP = "ray-serve-llm"
 
 
 def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True) -> subprocess.Popen:
     """vLLM's OpenAI server on the embedded SmolLM2, float32.
 
-    tuned: with the settings probserve's engine uses (both cores for inference, eager mode, the
-    model in the engine-core process); otherwise as a new user starts it, with vLLM's defaults
+    tuned: with the settings probserve's engine uses (both cores for inference, eager mode);
+    otherwise as a new user starts it, with vLLM's defaults
     (on this 2-core machine it keeps one core from inference and compiles the model)."""
     env = {**os.environ, "VLLM_PLUGINS": "", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -40,21 +40,24 @@ def ray_serve_llm(port: int, kv_cache_gib: int = 1) -> str:
     OpenAiIngress replica, an LLMServer replica holding vLLM's AsyncLLM), started in this
     process's own Ray like probserve's; returns its URL once the model is listed. Stop it
     with probserve.ops.local_ray.stop."""
-    import ray
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
 
-    os.environ.update(ENGINE_ENVIRONMENT, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib),
-                      RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS="0")  # no wait to batch chunks
-    home = apply_cache_environment()
+    # In its replicas' environment only: probserve, started next in this process, needs its
+    # plugin.
+    environment = {**ENGINE_ENVIRONMENT, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+                   "RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS": "0",  # no wait to batch chunks
+                   # Its model runs in a Ray actor, where Ray sets OpenMP's threads to the
+                   # actor's CPUs (1): every core, as vLLM's CPU worker binds them.
+                   "OMP_NUM_THREADS": str(os.cpu_count())}
     # Logical CPUs: its ingress and server replicas and the engine's placement group.
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=str(home / "ray"),
-             configure_logging=False, log_to_driver=False)
+    local_ray.start_local_ray(cpus=4, resources={}, log_to_driver=False)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # Ray Serve LLM logs at INFO
     config = LLMConfig(
         model_loading_config={"model_id": SMOLLM2, "model_source": str(embedded_model_path(SMOLLM2))},
         engine_kwargs={"dtype": "float32", "max_model_len": 2048, "enforce_eager": True,
                        "max_logprobs": -1},
-        placement_group_config={"bundles": [{"CPU": 1}]},
+        placement_group_config={"bundles": [{"CPU": 1}]}, runtime_env={"env_vars": environment},
         deployment_config={"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_openai_app({"llm_configs": [config]}), name=RAY_SERVE_LLM_APP, route_prefix="/")

@@ -47,11 +47,6 @@ def prepare_process(model: ModelConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(model.cpu_kv_cache_gib))
     # By default vLLM keeps a core for itself; on small hosts inference needs them all.
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # On the CPU vLLM runs a one-process model in a third process, there only to bind OpenMP
-    # threads to cores; with this the model runs in the engine-core process, as on a GPU, and
-    # an engine starts in 13 s instead of 23 s at the same request rate (docs/benchmarks.md).
-    # It changes nothing on a GPU, nor with more than one worker.
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def engine_args(model: ModelConfig):

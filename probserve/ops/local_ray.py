@@ -75,14 +75,11 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
 
     config = AppConfig.model_validate(args)
     if address is None:
-        home = apply_cache_environment()
+        apply_cache_environment()
         prepare_embedded_models(config)
         os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
-        keep_ray_token_at_home(home)
         cpus, resources = logical_resources(config)
-        ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
-                 _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
-                 _metrics_export_port=metrics_port)
+        start_local_ray(cpus, resources, log_to_driver, metrics_port)
     else:
         ray.init(address=address, configure_logging=False, log_to_driver=log_to_driver)
     serve.start(proxy_location=proxy_location, http_options={"host": host, "port": port})
@@ -90,6 +87,18 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
     url = f"http://{proxy_host(host, address)}:{port}"
     wait_healthy(url)
     return url
+
+
+def start_local_ray(cpus: int, resources: dict[str, int], log_to_driver: bool = True,
+                    metrics_port: int = METRICS_PORT) -> None:
+    """Ray on this machine, its session folders and token under PROBSERVE_HOME."""
+    import ray
+
+    home = apply_cache_environment()
+    keep_ray_token_at_home(home)
+    ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
+             _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
+             _metrics_export_port=metrics_port)
 
 
 def proxy_host(host: str, address: str | None) -> str:
