@@ -26,15 +26,15 @@ SETTINGS = {"third process (vLLM's CPU default, probserve)": "1", "engine-core p
 async def measure(model_name: str, requests: int) -> dict:
     """In a fresh interpreter: the import, the engine's start, then the small requests."""
     from probserve.config import ModelConfig
-    from probserve.engine.replica import engine_args
-    from probserve.store.home import apply_cache_environment
+    from probserve.engine.replica import engine_args, prepare_process
 
+    model = ModelConfig(name=model_name)
+    prepare_process(model)  # caches and CPU settings, before vLLM reads them
     started = time.monotonic()
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
     imported = time.monotonic()
-    apply_cache_environment()
-    engine = AsyncLLM.from_engine_args(engine_args(ModelConfig(name=model_name)))
+    engine = AsyncLLM.from_engine_args(engine_args(model))
     ready = time.monotonic()
     in_flight = asyncio.Semaphore(16)
 
@@ -52,8 +52,7 @@ async def measure(model_name: str, requests: int) -> dict:
 
 
 def run(model: str, requests: int, multiprocessing: str) -> dict:
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing,
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing}
     done = subprocess.run([sys.executable, __file__, "--measure", model, "--requests", str(requests)],
                           env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -12,9 +12,10 @@ import httpx
 from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2, embedded_model_path
 
-# What a probserve replica sets (probserve.engine.replica.prepare_process), and vLLM as it
-# ships: without probserve's plugin from this environment.
-ENGINE_ENVIRONMENT = {"VLLM_PLUGINS": "", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+# vLLM as it ships: without probserve's plugin from this environment.
+AS_SHIPPED = {"VLLM_PLUGINS": ""}
+# What a probserve replica sets too (probserve.engine.replica.prepare_process).
+TUNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 RAY_SERVE_LLM_APP = "ray-serve-llm"
 
 
@@ -22,15 +23,15 @@ def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True) -> subproc
     """vLLM's OpenAI server on the embedded SmolLM2, float32.
 
     tuned: with the settings probserve's engine uses (both cores for inference, eager mode);
-    otherwise as a new user starts it, with vLLM's defaults
-    (on this 2-core machine it keeps one core from inference and compiles the model)."""
-    env = {**os.environ, "VLLM_PLUGINS": "", "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
+    otherwise as a new user starts it, with vLLM's defaults (on this 2-core machine it keeps
+    one core from inference and compiles the model)."""
+    env = {**os.environ, **AS_SHIPPED, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(embedded_model_path(SMOLLM2)), "--served-model-name", SMOLLM2,
                "--dtype", "float32", "--max-logprobs", "-1", "--max-model-len", "2048",
                "--port", str(port)]
     if tuned:
-        env.update(ENGINE_ENVIRONMENT)
+        env.update(TUNED)
         command.append("--enforce-eager")
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -45,7 +46,7 @@ def ray_serve_llm(port: int, kv_cache_gib: int = 1) -> str:
 
     # In its replicas' environment only: probserve, started next in this process, needs its
     # plugin.
-    environment = {**ENGINE_ENVIRONMENT, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+    environment = {**AS_SHIPPED, **TUNED, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
                    "RAYLLM_MODEL_RESPONSE_BATCH_TIMEOUT_MS": "0",  # no wait to batch chunks
                    # Its model runs in a Ray actor, where Ray sets OpenMP's threads to the
                    # actor's CPUs (1): every core, as vLLM's CPU worker binds them.
