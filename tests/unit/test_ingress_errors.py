@@ -224,7 +224,7 @@ def test_a_full_vocab_request_waits_for_a_slot_at_most_the_configured_time(monke
         release()
         release()  # a second release frees nothing more
         await responses.slot()  # free again
-        assert responses.slots.places.locked()
+        assert responses.slots.held == 1
     asyncio.run(run())
 
 
