@@ -73,8 +73,9 @@ class ModelConfig(Strict):
     dtype: str = "float32"
     enforce_eager: bool = True
     max_num_batched_tokens: int | None = None
-    # GiB of KV cache on a CPU host (VLLM_CPU_KVCACHE_SPACE); ignored on GPUs.
-    cpu_kv_cache_gib: int = Field(1, ge=1)
+    # GiB of KV cache on a CPU host (vLLM's kv_cache_memory_bytes); ignored on GPUs. vLLM
+    # allocates and zeroes all of it at start: a small model needs a fraction of a GiB.
+    cpu_kv_cache_gib: float = Field(1, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # Requests one replica hands its engine at once: vLLM batches them, so this is what lets a
     # replica fill a batch; beyond it requests wait in the ingress's router.

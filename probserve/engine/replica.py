@@ -41,16 +41,19 @@ WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0
 
 
 def prepare_process(model: ModelConfig) -> None:
-    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU memory and cores."""
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores."""
     apply_cache_environment()
-    # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(model.cpu_kv_cache_gib))
     # By default vLLM keeps a core for itself; on small hosts inference needs them all.
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
 
 
 def engine_args(model: ModelConfig):
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly
+    # (VLLM_CPU_KVCACHE_SPACE in the environment, whole GiB, still overrides it).
+    cpu_kv_cache = round(model.cpu_kv_cache_gib * 2**30) if current_platform.is_cpu() else None
 
     return AsyncEngineArgs(
         model=str(model.resolved_path()),
@@ -61,6 +64,7 @@ def engine_args(model: ModelConfig):
         max_num_batched_tokens=model.max_num_batched_tokens,
         enforce_eager=model.enforce_eager,
         gpu_memory_utilization=model.gpu_memory_utilization,
+        kv_cache_memory_bytes=cpu_kv_cache,
         disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
     )
 

@@ -27,6 +27,10 @@ FULL_VOCAB_MAX = 300  # three windows of full-vocabulary rows (below MAX_SCORED)
 FULL_VOCAB_WINDOW = 128  # one KV block on the CPU: the least a window can be
 ONE_WINDOW = 128  # the full-vocabulary prompt the load and pool tests send: 127 rows, one window
 MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefix_reuse.py)
+# KV cache: a tiny model's token takes 1 KiB, so 64 MiB holds 65,536 of them; SmolLM2's 23 KiB,
+# so 256 MiB holds 11,000. vLLM allocates it all at start, and the session's engines, with
+# the tests' own, would otherwise fill this machine's memory and evict its page cache.
+TINY_KV_GIB, SMOLLM2_KV_GIB = 1 / 16, 1 / 4
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
@@ -46,11 +50,12 @@ AUTOSCALING = {field: value for field, value in yaml.safe_load(AUTOSCALING_FILE.
                if field in ("autoscaling_config", "max_ongoing_requests", "max_queued_requests")}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
+                "cpu_kv_cache_gib": TINY_KV_GIB,
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
-    + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}}],
+    + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB}],
     # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow
     # machine every waiter of test_overload.py's burst is served.
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024, "full_vocab_wait_s": 120},

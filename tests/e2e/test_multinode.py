@@ -19,7 +19,7 @@ import yaml
 
 from probserve.ops.local_ray import APP_NAME, PROXY_CALLBACK
 from probserve.store.home import apply_cache_environment
-from tests.e2e.conftest import MODEL, free_port
+from tests.e2e.conftest import MODEL, TINY_KV_GIB, free_port
 from tests.e2e.ray_cluster import RayNode, node_options
 
 CPU_GROUP = {"probserve-cpu": 100}
@@ -42,7 +42,7 @@ def serve_config(port: int) -> dict:
         "applications": [{"name": APP_NAME, "route_prefix": "/", "import_path": "probserve.ops.app:build_app",
                           "args": {
                               "models": [{"name": MODEL, "capabilities": {"max_model_len": 512},
-                                          "health_check_period_s": 2,
+                                          "health_check_period_s": 2, "cpu_kv_cache_gib": TINY_KV_GIB,
                                           "ray_actor_options": {"num_cpus": 0.5, "resources": MODEL_GROUP}}],
                               "ingress": {"ray_actor_options": on_cpu_group},
                               "serializer_pool": {"ray_actor_options": on_cpu_group}}}],

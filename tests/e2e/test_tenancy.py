@@ -19,7 +19,7 @@ from probserve.ops.app import build_app
 from probserve.store.model_store import TINY, TINY_BOS
 from probserve.tenants import keyring
 from probserve.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
-from tests.e2e.conftest import free_port
+from tests.e2e.conftest import TINY_KV_GIB, free_port
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
@@ -81,7 +81,7 @@ def keys(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def url(base_url, redis_server, keys):
-    tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": 1,
+    tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": TINY_KV_GIB,
             "ray_actor_options": {"num_cpus": 0.01}}
     # The second model is only listed and refused here, never sent to: scaled to zero, it
     # costs no engine.

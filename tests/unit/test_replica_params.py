@@ -3,7 +3,8 @@ vocabulary, and how much of the prefix cache a scored span may read."""
 
 import pytest
 
-from probserve.engine.replica import logprob_params
+from probserve.config import ModelConfig
+from probserve.engine.replica import engine_args, logprob_params
 from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
 from probserve.engine.wire import EngineRequest
 
@@ -44,3 +45,12 @@ def test_the_full_vocabulary_is_marked_with_its_first_row():
     # computed again without the cache: still from its first row
     again = logprob_params(request(prompt_logprobs=-1, prompt_rows_from=3, read_prefix_cache=False))
     assert again["extra_args"] == {FULL_VOCAB: 2} and "skip_reading_prefix_cache" not in again
+
+
+def test_a_cpu_hosts_kv_cache_is_sized_in_bytes_from_a_fraction_of_a_gib():
+    from vllm.platforms import current_platform
+
+    model = ModelConfig.model_validate({"name": "tiny-llama", "cpu_kv_cache_gib": 0.25})
+    assert engine_args(model).kv_cache_memory_bytes == (2**28 if current_platform.is_cpu() else None)
+    with pytest.raises(ValueError):
+        ModelConfig.model_validate({"name": "tiny-llama", "cpu_kv_cache_gib": 0})
