@@ -185,15 +185,26 @@ def test_a_request_for_a_model_without_a_running_replica_is_refused_before_it_is
 
 def test_a_generation_waiting_for_a_lost_model_is_refused():
     class Waiting:
+        """A replica handle whose generate call waits while its model loses its replicas."""
+
+        def options(self, **options):
+            self.options_used = options
+            return self
+
+        @property
+        def generate(self):
+            return self
+
         async def remote(self, request):
             running.counts[MODEL.name] = 0
             await asyncio.sleep(60)
 
-    running = Running(**{MODEL.name: 1})
-    client = client_with(SimpleNamespace(generate=Waiting()), running)
+    running, handle = Running(**{MODEL.name: 1}), Waiting()
+    client = client_with(handle, running)
     with pytest.raises(APIError) as caught:
         asyncio.run(client.generate(MODEL.name, [REQUEST]))
     assert (caught.value.status, caught.value.code) == (503, "not_ready")
+    assert handle.options_used == {"_by_reference": False}  # Ray Serve's gRPC path
 
 
 class Count:
