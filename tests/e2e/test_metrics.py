@@ -13,7 +13,7 @@ import pytest
 from probserve.observe.metrics import METRICS
 from probserve.ops.dashboard import PANELS, dashboard_text
 from tests.e2e.conftest import MODEL
-from tests.e2e.prometheus import GRAFANA
+from tests.e2e.prometheus import GRAFANA, SCRAPE_INTERVAL_S
 
 SETTLE_S = 30  # Ray's report interval (1 s in the tests) plus scrapes, with room to spare
 WORKLOAD_MODEL = f'model="{MODEL}"'
@@ -50,11 +50,11 @@ def settled(prometheus, expected: dict[str, float] | None = None) -> dict[str, f
     deadline = time.monotonic() + SETTLE_S
     now = counters(prometheus)
     while time.monotonic() < deadline:
-        time.sleep(3)
+        time.sleep(2 * SCRAPE_INTERVAL_S)  # readings of two different scrapes at least
         previous, now = now, counters(prometheus)
         if now == (expected or previous):
             break
-    time.sleep(3)
+    time.sleep(2 * SCRAPE_INTERVAL_S)
     return counters(prometheus)
 
 

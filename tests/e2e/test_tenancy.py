@@ -27,7 +27,8 @@ from tests.e2e.test_request_log import session_logs
 APP, PREFIX = "tenancy", "/tenancy"
 REQUESTS_PER_MINUTE = 8  # alpha's
 SECRET_WORD = f"tenant-secret-{uuid.uuid4().hex}"
-# Metrics reach Prometheus through Ray's metrics agent, which falls behind on a loaded machine.
+# Metrics reach Prometheus through Ray's metrics agent (reports every 2 s) and a scrape (every
+# 3 s), both slower on a loaded machine.
 METRICS_WAIT_S = 90
 
 
