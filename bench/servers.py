@@ -37,10 +37,10 @@ def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True) -> subproc
 
 
 def ray_serve_llm(port: int, kv_cache_gib: int = 1) -> str:
-    """Ray Serve LLM's OpenAI app (`ray.serve.llm.build_openai_app`: Serve's proxy, an
+    """Ray Serve LLM's OpenAI app (`ray.serve.llm.build_openai_app`: Serve's HTTP front, an
     OpenAiIngress replica, an LLMServer replica holding vLLM's AsyncLLM), started in this
-    process's own Ray like probserve's; returns its URL once the model is listed. Stop it
-    with probserve.ops.local_ray.stop."""
+    process's own Ray like probserve's, behind the same front; returns its URL once the model
+    is listed. Stop it with probserve.ops.local_ray.stop."""
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
 
@@ -51,6 +51,8 @@ def ray_serve_llm(port: int, kv_cache_gib: int = 1) -> str:
                    # Its model runs in a Ray actor, where Ray sets OpenMP's threads to the
                    # actor's CPUs (1): every core, as vLLM's CPU worker binds them.
                    "OMP_NUM_THREADS": str(os.cpu_count())}
+    # probserve's HTTP front (HAProxy unless RAY_SERVE_ENABLE_HA_PROXY=0), whichever ran first.
+    os.environ[local_ray.HAPROXY] = local_ray.ray_environment()[local_ray.HAPROXY]
     # Logical CPUs: its ingress and server replicas and the engine's placement group.
     local_ray.start_local_ray(cpus=4, resources={}, log_to_driver=False)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Ray Serve LLM logs at INFO

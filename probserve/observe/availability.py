@@ -40,12 +40,12 @@ class ReplicaStates:
         return self.counts.get(deployment)
 
     async def known(self, deployment: str) -> int | None:
-        """The count, asked of the controller first when none is known yet (a replica that
-        just started): readiness must not take an unknown count for a running replica."""
-        if deployment not in self.counts:
-            self.running(deployment)  # starts a refresh unless one is under way
-            if self.refreshing is not None:
-                await asyncio.shield(self.refreshing)
+        """The count as of at most `max_age_s` ago, asked of the controller when older:
+        readiness must not answer from a stale count (a replica that started since), nor take
+        an unknown count for a running replica."""
+        self.running(deployment)  # starts a refresh when the counts are stale
+        if self.refreshing is not None:
+            await asyncio.shield(self.refreshing)
         return self.counts.get(deployment)
 
     async def refresh(self) -> None:

@@ -15,9 +15,24 @@ from probserve.store.model_store import BUILDERS, prepare
 
 APP_NAME = "probserve"
 METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
-# Ray Serve's HTTP proxy loads its extra middlewares from here (probserve.observe.request_log).
+# What Ray's processes read from their environment when Ray starts on a node (the images set
+# the same: docker/). Serve's HTTP front loads its extra middlewares from the callback
+# (probserve.observe.request_log). HAProxy stands in for Serve's Python proxy and each ingress
+# replica serves HTTP itself: 1.6x the small requests per second (docs/benchmarks.md).
 PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH":
                   "probserve.observe.request_log:proxy_middlewares"}
+HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
+# A stopping ingress replica stays reachable this long before it refuses connections, which
+# HAProxy then retries on another replica. Ray's 30 s is for a load balancer outside Ray that
+# targets the replicas (an ALB); here only Ray's own HAProxy does, and it is told at once.
+DRAINING_PERIOD = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5"}
+
+
+def ray_environment() -> dict[str, str]:
+    """The nodes' environment: the callback, HAProxy and its replicas' draining period, each
+    unless this environment sets it (RAY_SERVE_ENABLE_HA_PROXY=0 keeps Serve's Python proxy)."""
+    return {**PROXY_CALLBACK, **{key: os.environ.get(key, value) for key, value in DEFAULTS.items()}}
 
 
 def logical_resources(config: AppConfig) -> tuple[int, dict[str, int]]:
@@ -66,7 +81,7 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
     PROBSERVE_HOME/ray instead of this process's output. Prometheus scrapes every process's
     metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml). A cluster
     joined at `address` has its own metrics port, and its nodes their own models and
-    environment (PROXY_CALLBACK): only the application is put on it. `replica`: the model
+    environment (ray_environment): only the application is put on it. `replica`: the model
     replicas' deployment, if not probserve's own (probserve.ops.app)."""
     import ray
     from ray import serve
@@ -77,7 +92,7 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
     if address is None:
         apply_cache_environment()
         prepare_embedded_models(config)
-        os.environ.update(PROXY_CALLBACK)  # Ray's processes inherit it from this one
+        os.environ.update(ray_environment())  # Ray's processes inherit it from this one
         cpus, resources = logical_resources(config)
         start_local_ray(cpus, resources, log_to_driver, metrics_port)
     else:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from probserve.ops.local_ray import APP_NAME, PROXY_CALLBACK
+from probserve.ops.local_ray import APP_NAME, ray_environment
 from probserve.store.home import apply_cache_environment
 from tests.e2e.conftest import MODEL, TINY_KV_GIB, free_port
 from tests.e2e.ray_cluster import RayNode, node_options
@@ -59,7 +59,12 @@ def cluster(tmp_path_factory):
     token = home / "ray-multinode" / "auth_token"
     token.parent.mkdir(exist_ok=True)
     token.write_text(secrets.token_hex(32))
-    env = {**os.environ, **PROXY_CALLBACK, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    # HAProxy's statistics and metrics ports, away from those of the session's cluster on this
+    # same machine (under KubeRay each node is a pod of its own).
+    haproxy_ports = {"RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+                     "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port())}
+    env = {**os.environ, **ray_environment(), **haproxy_ports, "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN_PATH": str(token)}
     gcs = free_port()
     head = RayNode(folder / "head.log", env, "--head", f"--port={gcs}", "--include-dashboard=false",
                    f"--ray-client-server-port={free_port()}", f"--temp-dir={home / 'ray-multinode'}",

@@ -71,3 +71,17 @@ def test_readiness_asks_the_controller_when_it_knows_no_count_yet():
         assert await states.known("Model-other") is None  # a fresh answer without it stands
         assert len(fetches) == 1
     asyncio.run(scenario())
+
+
+def test_readiness_asks_again_once_the_count_is_stale():
+    """A replica that started after the first answer: readiness sees it at the next question
+    past `max_age_s`, with no request in between to refresh the counts."""
+    answers = iter([{"Model-a": 0}, {"Model-a": 1}])
+
+    async def scenario():
+        states = ReplicaStates(lambda: next(answers), max_age_s=0.05)
+        assert await states.known("Model-a") == 0
+        assert await states.known("Model-a") == 0  # fresh: not asked again
+        await asyncio.sleep(0.06)
+        assert await states.known("Model-a") == 1
+    asyncio.run(scenario())

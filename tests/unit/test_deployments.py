@@ -8,7 +8,13 @@ import pytest
 from probserve.config import AppConfig, model_deployment_name
 from probserve.ops.app import build_app
 from probserve.ops.cli import serve_config
-from probserve.ops.local_ray import logical_resources
+from probserve.ops.local_ray import (
+    DRAINING_PERIOD,
+    HAPROXY,
+    PROXY_CALLBACK,
+    logical_resources,
+    ray_environment,
+)
 
 FILES = sorted(Path(__file__).resolve().parents[2].glob("deployments/*.yaml"))
 
@@ -69,3 +75,12 @@ def test_one_machine_declares_the_node_groups_a_file_asks_for():
     assert cpus == 8 + 16 + 32 + 1
     assert resources == {"probserve-cpu": 24, "probserve-model-llama-3.1-8b": 4,
                          "probserve-model-qwen2.5-7b-instruct": 2, "probserve-model-mistral-7b-instruct": 2}
+
+
+def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(monkeypatch):
+    monkeypatch.delenv(HAPROXY, raising=False)
+    monkeypatch.delenv(DRAINING_PERIOD, raising=False)
+    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5"}
+    monkeypatch.setenv(HAPROXY, "0")
+    monkeypatch.setenv(DRAINING_PERIOD, "30")
+    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "0", DRAINING_PERIOD: "30"}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probserve.ops.local_ray import METRICS_PORT, PROXY_CALLBACK
+from probserve.ops.local_ray import DEFAULTS, METRICS_PORT, PROXY_CALLBACK
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install.sh"
@@ -93,7 +93,7 @@ def test_image_exposes_the_services_ports(build):
 @pytest.mark.parametrize("build", BUILDS)
 def test_image_environment(build):
     variables = env(build)
-    for key, value in PROXY_CALLBACK.items():
+    for key, value in {**PROXY_CALLBACK, **DEFAULTS}.items():  # what `probserve serve` sets
         assert variables[key] == value
     assert variables["PROBSERVE_HOME"] == "/home/ray/.cache/probserve"
     # Set before the install step, so what is built at build time lands where serving looks.
