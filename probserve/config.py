@@ -83,6 +83,10 @@ class ModelConfig(Strict):
     # Requests waiting for a replica beyond those, per ingress replica; more are refused with
     # 503 `overloaded`.
     max_queued_requests: int = Field(128, ge=0)
+    # How long a request may have waited there, for room on a replica, when a replica takes
+    # it: beyond, 503 `overloaded` at once, and its place goes to the next. A burst is answered
+    # or refused within a bound. A model scaled to zero waits for the replica its request wakes.
+    max_queue_wait_s: float = Field(30, gt=0)
     # Ray Serve asks each replica for vLLM's engine health this often; a replica that fails
     # (its engine process died) or takes longer than the timeout is replaced.
     health_check_period_s: float = Field(10, gt=0)

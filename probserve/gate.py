@@ -13,8 +13,7 @@ import anyio
 
 class Gate:
     def __init__(self, bound: int, on_waiting: Callable[[int], None] = lambda change: None):
-        """`on_waiting(+1, -1 or 0)` follows the number waiting (a gauge); 0 at each entry, so
-        that the gauge shows from the first caller, waiting or not."""
+        """`on_waiting(+1 or -1)` follows the number waiting (a gauge)."""
         self.bound = bound
         self.places = anyio.CapacityLimiter(bound)
         self.on_waiting = on_waiting
@@ -32,7 +31,6 @@ class Gate:
         """A place, waiting for one if need be, else `refusal(self)` raised; returns the
         place's release, which only its first call does."""
         holder = object()
-        self.on_waiting(0)
         try:
             self.places.acquire_on_behalf_of_nowait(holder)
         except anyio.WouldBlock:

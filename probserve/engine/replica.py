@@ -7,6 +7,7 @@ log-probability lists into compact arrays (probserve.engine.wire); all logic liv
 import dataclasses
 import logging
 import os
+import time
 import uuid
 
 from ray import serve
@@ -30,6 +31,7 @@ from probserve.engine.wire import (
     EngineUnavailable,
     FullVocabParts,
     PositionLogprobs,
+    QueueTimeout,
     token_array,
 )
 from probserve.observe.metrics import EngineRequestStats, ReplicaMetrics
@@ -160,6 +162,18 @@ def engine_result(output, sent_at: float | None) -> EngineResult:
                         queue_time_s=queue_time(output.metrics, sent_at))
 
 
+def check_queue_time(sent_at: float, ready_at: float, now: float, bound_s: float) -> None:
+    """QueueTimeout for a request that waited more than `bound_s` for a place on the model's
+    replicas (Ray Serve holds it in the sender's router while every replica is full). Raised
+    on arrival, so that its place is free again at once for the next in the queue: once the
+    bound has passed, a backlog drains in refusals. A request sent before this replica was
+    ready waited for it to start (a model scaled to zero, a replica added): it is served."""
+    waited = now - sent_at
+    if sent_at >= ready_at and waited > bound_s:
+        raise QueueTimeout(f"waited {waited:.1f} s for a place on the model's replicas, more than "
+                           f"max_queue_wait_s ({bound_s:g} s): retry later")
+
+
 @serve.deployment
 class ModelReplica:
     async def __init__(self, model: ModelConfig, chunk_positions: int):
@@ -186,6 +200,11 @@ class ModelReplica:
             await self.generate(request)
         # Refuse to serve rather than answer wrongly if the patches do not fit this engine.
         await self_check(self.generate)
+        self.ready_at = time.time()
+
+    def check_queue_time(self, request: EngineRequest) -> None:
+        if request.sent_at is not None:  # None: the replica's own warm-up and checks
+            check_queue_time(request.sent_at, self.ready_at, time.time(), self.model.max_queue_wait_s)
 
     async def outputs(self, request: EngineRequest, stream: bool):
         from vllm.inputs import TokensPrompt
@@ -220,6 +239,7 @@ class ModelReplica:
         return request.cache_readable_tokens()
 
     async def generate(self, request: EngineRequest) -> EngineResult:
+        self.check_queue_time(request)
         tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
         async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace):
             if not self.uses_scored_cache(request):
@@ -252,6 +272,7 @@ class ModelReplica:
         then each chunk of its rows as an item of its own. Each item goes to Ray's object
         store owned by the caller, which hands the chunks to the serializer pool unread
         (rows nested in an item could be freed early: ray-project/ray#58082)."""
+        self.check_queue_time(request)
         for window in full_vocab_windows(request, self.window):
             result = await self.final_result(window)
             yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
@@ -260,6 +281,7 @@ class ModelReplica:
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
+        self.check_queue_time(request)
         async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
                                       self.cache_namespace(request)):
             async for output in self.outputs(request, stream=True):

@@ -24,6 +24,11 @@ class EngineUnavailable(Exception):
     request gets 503 `not_ready` while Ray Serve replaces the replica."""
 
 
+class QueueTimeout(Exception):
+    """Raised by a model replica for a request that waited for a place longer than its model's
+    `max_queue_wait_s`: the request gets 503 `overloaded`."""
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     prompt_token_ids: list[int]

@@ -41,6 +41,7 @@ class FullVocabResponses:
         self.window = config.serializer_pool.window
         self.serializers = serializers
         waiting = HeldGauge("probserve_full_vocab_waiting")
+        waiting.set(0)  # exported from the start, not from the first request that waits
         self.slots = Gate(self.limits.max_full_vocab_requests, waiting.change)
 
     async def slot(self) -> Callable[[], None]:

@@ -17,14 +17,14 @@ from ray.serve.handle import DeploymentHandle
 
 from probserve.api.streaming import ChoiceStream, event
 from probserve.config import AppConfig, model_deployment_name
-from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable
+from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
 from probserve.errors import APIError, error_envelope, not_ready, overloaded
 from probserve.observe.availability import ReplicaStates
 from probserve.observe.request_log import RequestRecord
 
 # How often a request waiting for its model checks that the model still has a replica.
 LOST_CHECK_S = 0.5
-REFUSED = (BackPressureError, EngineUnavailable, RayActorError)
+REFUSED = (BackPressureError, QueueTimeout, EngineUnavailable, RayActorError)
 
 logger = logging.getLogger("probserve.ingress")
 
@@ -160,13 +160,17 @@ class ReplicaClient:
                             self.retry_after_s)
 
     def refusal(self, error: Exception) -> Exception:
-        """A model's full queue, dead engine or lost replica, as the client's 503; other errors
-        as they are."""
+        """A model's full queue (or one waited in too long), dead engine or lost replica, as
+        the client's 503; other errors as they are."""
         if isinstance(error, BackPressureError):
             return overloaded("the model's queue is full (max_queued_requests): retry later",
                               self.retry_after_s)
+        # Over Ray's task path the replica's exception comes wrapped, its text a traceback.
+        message = str(getattr(error, "cause", error))
+        if isinstance(error, QueueTimeout):
+            return overloaded(message, self.retry_after_s)
         if isinstance(error, EngineUnavailable):
-            return not_ready(str(error), self.retry_after_s)
+            return not_ready(message, self.retry_after_s)
         if isinstance(error, RayActorError):
             return not_ready("the model's replica was lost (its process or node died): Ray Serve "
                              f"is replacing it ({type(error).__name__})", self.retry_after_s)

@@ -34,10 +34,10 @@ TINY_KV_GIB, SMOLLM2_KV_GIB = 1 / 16, 1 / 4
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
-# The overload tests flood this one: it takes 2 requests at once and queues 2 more; the fault
-# tests kill its engine, and Ray Serve checks its health every 2 s.
+# The overload tests flood this one: it takes 2 requests at once and queues 2 more for at
+# most a second; the fault tests kill its engine, and Ray Serve checks its health every 2 s.
 SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queued_requests": 2,
-                                            "health_check_period_s": 2}
+                                            "max_queue_wait_s": 1, "health_check_period_s": 2}
 # A scored-prefix cache of a few contexts (two 128-position blocks of top-5 rows are 26 kB):
 # a flood of distinct ones evicts (test_prefix_reuse.py).
 SMALL_CACHE_MODEL, SMALL_CACHE_BYTES = TINY_BOS, 80_000

@@ -24,12 +24,21 @@ def send(base_url: str, body: dict) -> httpx.Response:
         return response
 
 
-def assert_refusal(response: httpx.Response, cause: str = "max_queued_requests") -> None:
+def assert_refusal(response: httpx.Response, *causes: str) -> None:
+    """A 503 `overloaded` whose message names one of `causes` (by default, the model's queue
+    full or waited in too long)."""
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"
     error = response.json()["error"]
     assert (error["code"], error["type"]) == ("overloaded", "service_unavailable_error")
-    assert cause in error["message"]
+    causes = causes or ("max_queued_requests", "max_queue_wait_s")
+    assert any(cause in error["message"] for cause in causes), error["message"]
+
+
+def timed_send(base_url: str, body: dict) -> tuple[httpx.Response, float]:
+    """The response and when it ended, on time.monotonic()."""
+    response = send(base_url, body)
+    return response, time.monotonic()
 
 
 def service_memory() -> int:
@@ -62,6 +71,30 @@ def test_a_burst_gets_answers_or_enveloped_refusals(base_url, stream):
         else:
             assert response.json()["choices"][0]["text"] == alone
     assert send(base_url, BODY).json()["choices"][0]["text"] == alone  # right after
+
+
+def test_a_request_that_waited_past_max_queue_wait_s_is_refused_when_a_place_frees(base_url):
+    """Two long requests take the model's two places; two more wait in the ingress's router
+    for longer than `max_queue_wait_s`. When the first long one ends, the replica refuses both
+    on arrival (each refusal frees the place for the next) instead of serving them."""
+    long = {**BODY, "max_tokens": 480, "n": 4}
+    wait_s = SMALL_QUEUE["max_queue_wait_s"]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        running = [pool.submit(timed_send, base_url, long) for _ in range(2)]
+        time.sleep(0.5)  # both placed on the replica
+        sent = time.monotonic()
+        waiting = [pool.submit(timed_send, base_url, BODY) for _ in range(2)]
+        refused = [future.result() for future in waiting]
+        answered = [future.result() for future in running]
+    first_place_freed = min(ended for _, ended in answered)
+    assert first_place_freed - sent > wait_s  # the bound passed while every place was held
+    for response, _ in answered:
+        assert response.status_code == 200, response.text
+        assert [c["finish_reason"] for c in response.json()["choices"]] == ["length"] * 4
+    for response, ended in refused:
+        assert_refusal(response, f"max_queue_wait_s ({wait_s:g} s)")
+        assert ended - first_place_freed < 2
+    assert send(base_url, BODY).status_code == 200  # right after
 
 
 def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):

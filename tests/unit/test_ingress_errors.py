@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import orjson
 import pytest
-from ray.exceptions import ActorDiedError
+from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
 from probserve.config import IngressConfig, ModelConfig
-from probserve.engine.wire import EngineRequest
+from probserve.engine.wire import EngineRequest, EngineUnavailable, QueueTimeout
 from probserve.errors import APIError
 from probserve.front import full_vocab
 from probserve.front.full_vocab import FullVocabResponses
@@ -139,6 +139,7 @@ def collect(handle, running: Running = Running()) -> list[bytes]:
 
 @pytest.mark.parametrize("error, code", [(RuntimeError("replica died"), "internal_error"),
                                          (QUEUE_FULL, "overloaded"),
+                                         (QueueTimeout("waited 2.5 s"), "overloaded"),
                                          (ActorDiedError(), "not_ready")])
 def test_a_stream_that_fails_once_started_ends_with_an_error_event_then_done(error, code):
     from tests.unit.test_streaming import delta
@@ -147,6 +148,19 @@ def test_a_stream_that_fails_once_started_ends_with_an_error_event_then_done(err
     assert orjson.loads(chunks[0].removeprefix(b"data: "))["choices"][0]["text"] == "b"
     assert orjson.loads(chunks[1].removeprefix(b"data: "))["error"]["code"] == code
     assert chunks[2] == b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("error, code", [(QueueTimeout("waited 2.5 s for a place"), "overloaded"),
+                                         (EngineUnavailable("its engine stopped"), "not_ready")])
+def test_a_replicas_refusal_keeps_its_message_over_either_of_rays_paths(error, code):
+    """Over gRPC the replica's exception comes back as itself; over Ray's task path (the
+    full-vocabulary calls) wrapped, its text the replica's traceback."""
+    client = client_with(None, Running())
+    wrapped = RayTaskError("generate_full_vocab", "Traceback (most recent call last): ...", error)
+    for received in (error, wrapped.as_instanceof_cause()):
+        refusal = client.refusal(received)
+        assert (refusal.status, refusal.code, refusal.message) == (503, code, str(error))
+        assert refusal.headers == {"Retry-After": "2"}
 
 
 def test_a_stream_refused_before_it_starts_is_an_http_error():
@@ -215,6 +229,9 @@ class Count:
 
     def change(self, by: int) -> None:
         self.value += by
+
+    def set(self, value: int) -> None:
+        self.value = value
 
 
 def slot_holder(monkeypatch, **limits) -> FullVocabResponses:

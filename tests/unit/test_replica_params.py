@@ -4,9 +4,9 @@ vocabulary, and how much of the prefix cache a scored span may read."""
 import pytest
 
 from probserve.config import ModelConfig
-from probserve.engine.replica import engine_args, logprob_params
+from probserve.engine.replica import check_queue_time, engine_args, logprob_params
 from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
-from probserve.engine.wire import EngineRequest
+from probserve.engine.wire import EngineRequest, QueueTimeout
 
 
 def request(**fields) -> EngineRequest:
@@ -54,3 +54,11 @@ def test_a_cpu_hosts_kv_cache_is_sized_in_bytes_from_a_fraction_of_a_gib():
     assert engine_args(model).kv_cache_memory_bytes == (2**28 if current_platform.is_cpu() else None)
     with pytest.raises(ValueError):
         ModelConfig.model_validate({"name": "tiny-llama", "cpu_kv_cache_gib": 0})
+
+
+def test_a_request_that_waited_past_max_queue_wait_s_for_a_place_is_refused_on_arrival():
+    check_queue_time(sent_at=100.0, ready_at=50.0, now=101.5, bound_s=2)  # waited 1.5 s
+    with pytest.raises(QueueTimeout, match=r"waited 2.5 s .* max_queue_wait_s \(2 s\)"):
+        check_queue_time(sent_at=100.0, ready_at=50.0, now=102.5, bound_s=2)
+    # Sent before the replica was ready: it waited for the replica to start, not for room.
+    check_queue_time(sent_at=100.0, ready_at=160.0, now=161.0, bound_s=2)
