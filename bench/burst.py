@@ -11,16 +11,17 @@ Reports, for each kind: answered and refused, the latest answer and the latest r
 
 import argparse
 import asyncio
+import collections
+import random
+import re
 import statistics
 import time
 from pathlib import Path
 
 import httpx
-from load import PORT, small
+from load import probserve_serving, small
 
-from probserve.ops import cli, local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, prepare
+from probserve.store.model_store import SMOLLM2
 
 FULL_VOCAB_IDS = list(range(3000, 3256))
 
@@ -29,32 +30,39 @@ def full_vocab_256() -> dict:
     return {"prompt": FULL_VOCAB_IDS, "max_tokens": 1, "prompt_logprobs": -1}
 
 
-async def timed(client: httpx.AsyncClient, body: dict) -> tuple[int | str, float]:
-    """The status (or the transport error's name) and the seconds to the body's last byte."""
+async def timed(client: httpx.AsyncClient, body: dict) -> tuple[int | str, float, str]:
+    """The status (or the transport error's name), the seconds to the body's last byte, and
+    a refusal's message."""
     started = time.perf_counter()
     try:
         response = await client.post("/v1/completions", headers={"accept-encoding": "gzip"},
                                      json={"model": SMOLLM2, "temperature": 0, **body})
         await response.aread()
         status = response.status_code
+        message = "" if status == 200 else response.json()["error"]["message"]
     except httpx.HTTPError as error:
-        status = type(error).__name__
-    return status, time.perf_counter() - started
+        status, message = type(error).__name__, str(error)
+    return status, time.perf_counter() - started, message
 
 
 async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float) -> dict:
+    """Every request of every kind sent at once, the kinds mixed in a random (seeded) order."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
         await asyncio.gather(*(timed(client, small()) for _ in range(4)))  # warm-up
-        tasks = {kind: [asyncio.create_task(timed(client, body)) for _ in range(count)]
-                 for kind, (count, body) in kinds.items()}
-        return {kind: await asyncio.gather(*sent) for kind, sent in tasks.items()}
+        order = [kind for kind, (count, _) in kinds.items() for _ in range(count)]
+        random.Random(0).shuffle(order)
+        sent = [(kind, asyncio.create_task(timed(client, kinds[kind][1]))) for kind in order]
+        outcomes: dict[str, list] = {kind: [] for kind in kinds}
+        for kind, task in sent:
+            outcomes[kind].append(await task)
+        return outcomes
 
 
 def summary(kind: str, outcomes: list[tuple]) -> str:
-    answered = sorted(seconds for status, seconds in outcomes if status == 200)
-    refused = sorted(seconds for status, seconds in outcomes if status == 503)
-    other = [status for status, _ in outcomes if status not in (200, 503)]
+    answered = sorted(seconds for status, seconds, _ in outcomes if status == 200)
+    refused = sorted(seconds for status, seconds, _ in outcomes if status == 503)
+    other = [status for status, _, _ in outcomes if status not in (200, 503)]
     p99 = answered[min(len(answered) - 1, int(len(answered) * 0.99))] if answered else float("nan")
     return (f"| {kind} | {len(outcomes)} | {len(answered)} | {len(refused)} | {len(other)} | "
             f"{max(answered, default=float('nan')):.2f} s | {max(refused, default=float('nan')):.2f} s | "
@@ -68,20 +76,19 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120, help="seconds a client waits at most")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
-    apply_cache_environment()
-    prepare(SMOLLM2)
-    args, _, _ = cli.serve_config(options.config)
-    url = local_ray.start(args, port=PORT, log_to_driver=False)
-    try:
-        kinds = {"small": (options.small, small()),
-                 "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256())}
+    kinds = {"small": (options.small, small()),
+             "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256())}
+    with probserve_serving(options.config) as url:
         outcomes = asyncio.run(burst(url, kinds, options.timeout))
-    finally:
-        local_ray.stop()
     print("| requests | sent | answered | refused | other | last answer | last refusal | p50 answered "
           "| p99 answered |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, outcome in outcomes.items():
         print(summary(kind, outcome))
+    for kind, outcome in outcomes.items():
+        refusals = collections.Counter(re.sub(r"[\d.]+ s", "N s", message) for status, _, message in outcome
+                                       if status != 200)
+        for message, count in refusals.most_common():
+            print(f"{kind}: {count} x {message}")
 
 
 if __name__ == "__main__":

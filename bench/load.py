@@ -22,6 +22,8 @@ import random
 import re
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,14 +225,24 @@ def run_ray_serve_llm(plan, rate, time_limit) -> dict:
         local_ray.stop()
 
 
-def run_probserve(config: Path, plan, rate, time_limit) -> dict:
-    print(f"probserve ({config}):", flush=True)
+@contextmanager
+def probserve_serving(config: Path) -> Iterator[str]:
+    """probserve on `config` and the embedded SmolLM2, in this process's own Ray: its URL,
+    stopped after."""
+    apply_cache_environment()
+    prepare(SMOLLM2)
     args, _, _ = cli.serve_config(config)
     url = local_ray.start(args, port=PORT, log_to_driver=False)
     try:
-        return measure(url, SMOLLM2, plan, rate, time_limit)
+        yield url
     finally:
         local_ray.stop()
+
+
+def run_probserve(config: Path, plan, rate, time_limit) -> dict:
+    print(f"probserve ({config}):", flush=True)
+    with probserve_serving(config) as url:
+        return measure(url, SMOLLM2, plan, rate, time_limit)
 
 
 def main() -> None:

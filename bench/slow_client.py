@@ -22,11 +22,10 @@ from pathlib import Path
 
 import httpx
 import psutil
-from load import PORT, process_role, small
+from load import probserve_serving, process_role, small
 
-from probserve.ops import cli, local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, prepare
+from probserve.ops import local_ray
+from probserve.store.model_store import SMOLLM2
 
 FRONTS = {"haproxy": "1", "python": "0"}  # RAY_SERVE_ENABLE_HA_PROXY
 MB = 1_000_000
@@ -112,16 +111,10 @@ def main() -> None:
     parser.add_argument("--rate-mb", type=float, default=1.0, help="the slow client's MB a second")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
-    apply_cache_environment()
-    prepare(SMOLLM2)
-    args, _, _ = cli.serve_config(options.config)
     for front in options.fronts:
         os.environ[local_ray.HAPROXY] = FRONTS[front]
-        url = local_ray.start(args, port=PORT, log_to_driver=False)
-        try:
+        with probserve_serving(options.config) as url:
             report(front, *asyncio.run(measure(url, options.ids, options.rate_mb * MB)))
-        finally:
-            local_ray.stop()
 
 
 if __name__ == "__main__":
