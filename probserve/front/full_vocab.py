@@ -52,8 +52,9 @@ class FullVocabResponses:
 
     def busy(self, gate: Gate) -> APIError:
         return overloaded(f"all {gate.bound} full-vocabulary slots of this replica are busy and "
-                          f"{self.limits.max_full_vocab_waiting} requests wait for one: retry later",
-                          self.limits.retry_after_s)
+                          f"{gate.waiting} requests wait for one (at most "
+                          f"{self.limits.max_full_vocab_waiting}, each for at most "
+                          f"{self.limits.full_vocab_wait_s:g} s): retry later", self.limits.retry_after_s)
 
     def body(self, request: Request, model: str, vocab: Vocabulary, body: CompletionRequest,
              admitted: Admitted, prompts: list[StreamedRows], release: Callable[[], None],

@@ -248,6 +248,7 @@ def test_a_full_vocab_request_waits_for_a_slot_at_most_the_configured_time(monke
         with pytest.raises(APIError) as caught:
             await responses.slot()
         assert (caught.value.status, caught.value.code) == (503, "overloaded")
+        assert "0 requests wait for one (at most 4, each for at most 0.05 s)" in caught.value.message
         assert responses.slots.waiting == 0
         release()
         release()  # a second release frees nothing more
@@ -265,7 +266,9 @@ def test_beyond_the_waiters_bound_a_request_is_refused_at_once(monkeypatch):
         with pytest.raises(APIError) as caught:
             await asyncio.wait_for(responses.slot(), 1)  # not the 30 s wait
         assert caught.value.code == "overloaded"
-        assert "all 1 full-vocabulary slots" in caught.value.message
+        assert caught.value.message == ("all 1 full-vocabulary slots of this replica are busy and 1 "
+                                        "requests wait for one (at most 1, each for at most 30 s): "
+                                        "retry later")
         release()
         await waiter
     asyncio.run(run())
