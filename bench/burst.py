@@ -6,6 +6,7 @@ Reports, for each kind: answered and refused, the latest answer and the latest r
 (seconds from the burst), the answers' p50 and p99.
 
     .venv/bin/python bench/burst.py                       # 300 small, 12 full-vocabulary (256 ids)
+    .venv/bin/python bench/burst.py --in-turn             # the small ones first
     .venv/bin/python bench/burst.py --small 300 --full-vocab 12 --config deployments/local.yaml
 """
 
@@ -14,12 +15,11 @@ import asyncio
 import collections
 import random
 import re
-import statistics
 import time
 from pathlib import Path
 
 import httpx
-from load import probserve_serving, small
+from load import median_and_p99, probserve_serving, small
 
 from probserve.store.model_store import SMOLLM2
 
@@ -45,13 +45,15 @@ async def timed(client: httpx.AsyncClient, body: dict) -> tuple[int | str, float
     return status, time.perf_counter() - started, message
 
 
-async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float) -> dict:
-    """Every request of every kind sent at once, the kinds mixed in a random (seeded) order."""
+async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float, mixed: bool) -> dict:
+    """Every request of every kind sent at once: the kinds in turn, or mixed in a random
+    (seeded) order."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
         await asyncio.gather(*(timed(client, small()) for _ in range(4)))  # warm-up
         order = [kind for kind, (count, _) in kinds.items() for _ in range(count)]
-        random.Random(0).shuffle(order)
+        if mixed:
+            random.Random(0).shuffle(order)
         sent = [(kind, asyncio.create_task(timed(client, kinds[kind][1]))) for kind in order]
         outcomes: dict[str, list] = {kind: [] for kind in kinds}
         for kind, task in sent:
@@ -63,23 +65,25 @@ def summary(kind: str, outcomes: list[tuple]) -> str:
     answered = sorted(seconds for status, seconds, _ in outcomes if status == 200)
     refused = sorted(seconds for status, seconds, _ in outcomes if status == 503)
     other = [status for status, _, _ in outcomes if status not in (200, 503)]
-    p99 = answered[min(len(answered) - 1, int(len(answered) * 0.99))] if answered else float("nan")
+    p50, p99 = median_and_p99(answered)
     return (f"| {kind} | {len(outcomes)} | {len(answered)} | {len(refused)} | {len(other)} | "
             f"{max(answered, default=float('nan')):.2f} s | {max(refused, default=float('nan')):.2f} s | "
-            f"{statistics.median(answered) if answered else float('nan'):.2f} s | {p99:.2f} s |")
+            f"{p50:.2f} s | {p99:.2f} s |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=300)
     parser.add_argument("--full-vocab", type=int, default=12)
+    parser.add_argument("--in-turn", action="store_true",
+                        help="send the kinds in turn (all small first) instead of mixed")
     parser.add_argument("--timeout", type=float, default=120, help="seconds a client waits at most")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
     kinds = {"small": (options.small, small()),
              "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256())}
     with probserve_serving(options.config) as url:
-        outcomes = asyncio.run(burst(url, kinds, options.timeout))
+        outcomes = asyncio.run(burst(url, kinds, options.timeout, mixed=not options.in_turn))
     print("| requests | sent | answered | refused | other | last answer | last refusal | p50 answered "
           "| p99 answered |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, outcome in outcomes.items():

@@ -97,6 +97,14 @@ def cpu_per_request(before: dict, after: dict, answered: int) -> dict[str, float
     return {role: 1000 * seconds / max(answered, 1) for role, seconds in spent.most_common()}
 
 
+def median_and_p99(values: list[float]) -> tuple[float, float]:
+    """The median and the 99th percentile (nearest rank) of `values`; NaN when there are none."""
+    if not values:
+        return float("nan"), float("nan")
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
 @dataclass
 class Run:
     latencies: list[float] = field(default_factory=list)
@@ -107,13 +115,13 @@ class Run:
     cpu_ms: dict = field(default_factory=dict)  # role -> CPU milliseconds per answered request
 
     def report(self) -> dict:
-        done = sorted(self.latencies)
+        p50, p99 = median_and_p99(self.latencies)
         return {
-            "requests": len(done),
-            "req/s": len(done) / self.seconds,
+            "requests": len(self.latencies),
+            "req/s": len(self.latencies) / self.seconds,
             "tokens/s": self.tokens / self.seconds,
-            "p50": statistics.median(done) if done else float("nan"),
-            "p99": done[min(len(done) - 1, int(len(done) * 0.99))] if done else float("nan"),
+            "p50": p50,
+            "p99": p99,
             "statuses": dict(self.statuses),
             "errors": self.errors,
             "cpu_ms": self.cpu_ms,

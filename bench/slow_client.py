@@ -16,13 +16,12 @@ import argparse
 import asyncio
 import collections
 import os
-import statistics
 import time
 from pathlib import Path
 
 import httpx
 import psutil
-from load import probserve_serving, process_role, small
+from load import median_and_p99, probserve_serving, process_role, small
 
 from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2
@@ -81,12 +80,13 @@ async def slow_read(client: httpx.AsyncClient, ids: int, rate: float, samples: l
 
 def report(front: str, samples: list, before: list[float], during: list[float]) -> None:
     start_cpu = samples[0][2].get("SerializerPool", (0.0, 0.0))[0]
-    print(f"\n{front}: small requests p50/p99 before {statistics.median(before):.3f}/"
-          f"{sorted(before)[int(len(before) * 0.99)]:.3f} s, during the slow read "
-          f"{statistics.median(during):.3f}/{sorted(during)[int(len(during) * 0.99)]:.3f} s")
+    (before_p50, before_p99), (during_p50, during_p99) = median_and_p99(before), median_and_p99(during)
+    print(f"\n{front}: small requests p50/p99 before {before_p50:.3f}/{before_p99:.3f} s, during "
+          f"the slow read {during_p50:.3f}/{during_p99:.3f} s")
     print("| second | MB read | pool CPU s | front MB | ingress MB | service MB |\n"
           "| --- | --- | --- | --- | --- | --- |")
-    for elapsed, read, roles in samples[::max(1, len(samples) // 12)] + samples[-1:]:
+    shown = samples[::max(1, len(samples) // 12)]
+    for elapsed, read, roles in shown + samples[-1:] if shown[-1] is not samples[-1] else shown:
         front_mb = sum(rss for role, (_, rss) in roles.items() if role in ("HAProxy", "Serve proxy"))
         print(f"| {elapsed:.0f} | {read / MB:.1f} | "
               f"{roles.get('SerializerPool', (0.0, 0.0))[0] - start_cpu:.1f} | {front_mb:.0f} | "
