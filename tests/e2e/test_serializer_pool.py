@@ -10,6 +10,7 @@ import zlib
 import httpx
 import orjson
 import psutil
+from ray import serve
 
 from probserve.ops.local_ray import APP_NAME
 from probserve.store.model_store import SMOLLM2
@@ -27,6 +28,18 @@ LONGER = {**LONG, "prompt": list(range(1000, 1384))}
 def pool_processes() -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"])
             if f"ServeReplica:{APP_NAME}:SerializerPool" in " ".join(p.info["cmdline"] or [])]
+
+
+def wait_for_a_whole_pool(limit_s: float = 120) -> None:
+    """Until every pool worker runs: a worker replaced after the test before killed them
+    spends seconds of CPU starting (its vocabularies, the compiled JSON writer)."""
+    started = time.monotonic()
+    while True:
+        pool = serve.status().applications[APP_NAME].deployments["SerializerPool"]
+        if pool.status == "HEALTHY" and set(pool.replica_states) == {"RUNNING"}:
+            return
+        assert time.monotonic() - started < limit_s, pool
+        time.sleep(0.5)
 
 
 def test_curl_and_httpx_read_the_same_body_as_plain(base_url, http):
@@ -76,6 +89,7 @@ def test_a_pool_worker_that_dies_mid_stream_never_leaves_a_silent_short_body(htt
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_pool(http):
+    wait_for_a_whole_pool()
     http.post("/v1/completions", json={**LONG, "prompt": LONG["prompt"][:32]})
     gc.collect()
     idle = service_memory()
