@@ -7,6 +7,7 @@ log-probability lists into compact arrays (probserve.engine.wire); all logic liv
 import dataclasses
 import logging
 import os
+import sys
 import time
 import uuid
 
@@ -35,6 +36,7 @@ from probserve.engine.wire import (
     token_array,
 )
 from probserve.observe.metrics import EngineRequestStats, ReplicaMetrics
+from probserve.observe.request_log import separate_logger
 from probserve.store.home import apply_cache_environment
 
 logger = logging.getLogger("probserve.replica")
@@ -43,10 +45,20 @@ WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0
 
 
 def prepare_process(model: ModelConfig) -> None:
-    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores."""
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores, logging."""
     apply_cache_environment()
     # By default vLLM keeps a core for itself; on small hosts inference needs them all.
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    log_vllm_beside_serve()
+
+
+def log_vllm_beside_serve() -> None:
+    """vLLM's loggers to stdout, without vLLM's own setup: at import it applies a
+    `logging.config.dictConfig`, which closes every handler of the process, Ray Serve's replica
+    log among them. That log's lines were lost, and a restarted Serve controller, which reads
+    the handler to recover a replica, stopped every model replica instead."""
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    separate_logger("vllm", sys.stdout, "%(levelname)s %(asctime)s [%(name)s] %(message)s")
 
 
 def engine_args(model: ModelConfig):

@@ -14,12 +14,17 @@ from collections.abc import Callable
 logger = logging.getLogger("probserve.availability")
 
 
+# A restarted Serve controller reports the replicas it finds as RECOVERING until it has asked
+# each: they serve all along (tests/e2e/test_chaos.py).
+SERVING_STATES = ("RUNNING", "RECOVERING")
+
+
 def running_replicas(status, app_name: str) -> dict[str, int]:
-    """RUNNING replicas per deployment of the application, from `serve.status()`."""
+    """Serving replicas per deployment of the application, from `serve.status()`."""
     application = status.applications.get(app_name)
     if application is None:
         return {}
-    return {name: deployment.replica_states.get("RUNNING", 0)
+    return {name: sum(deployment.replica_states.get(state, 0) for state in SERVING_STATES)
             for name, deployment in application.deployments.items()}
 
 

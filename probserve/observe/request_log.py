@@ -167,15 +167,20 @@ def run_safely(action: Callable[[], None]) -> None:
         logging.getLogger("probserve.requests").exception("after-request action failed")
 
 
-def request_logger() -> logging.Logger:
-    """One JSON line per request on stderr (Ray keeps a replica's stderr in its log folder),
-    apart from the service's other logs. Never the prompt, the text or a credential: the
-    record has none."""
-    logger = logging.getLogger("probserve.requests")
+def separate_logger(name: str, stream, line_format: str) -> logging.Logger:
+    """The logger `name`, writing INFO and above to `stream` alone (set up once)."""
+    logger = logging.getLogger(name)
     if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter(line_format))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
     return logger
+
+
+def request_logger() -> logging.Logger:
+    """One JSON line per request on stderr (Ray keeps a replica's stderr in its log folder),
+    apart from the service's other logs. Never the prompt, the text or a credential: the
+    record has none."""
+    return separate_logger("probserve.requests", sys.stderr, "%(message)s")

@@ -9,10 +9,12 @@ def status(app: str, **replicas: dict) -> SimpleNamespace:
     return SimpleNamespace(applications={app: SimpleNamespace(deployments=deployments)})
 
 
-def test_running_replicas_counts_only_running_ones_of_the_application():
+def test_running_replicas_counts_those_serving_of_the_application():
     serve_status = status("probserve", Ingress={"RUNNING": 2},
-                          **{"Model-a": {"PENDING_ALLOCATION": 1}, "Model-b": {"RUNNING": 1, "STARTING": 1}})
-    assert running_replicas(serve_status, "probserve") == {"Ingress": 2, "Model-a": 0, "Model-b": 1}
+                          **{"Model-a": {"PENDING_ALLOCATION": 1}, "Model-b": {"RUNNING": 1, "STARTING": 1},
+                             "Model-c": {"RECOVERING": 1}})
+    assert running_replicas(serve_status, "probserve") == {"Ingress": 2, "Model-a": 0, "Model-b": 1,
+                                                           "Model-c": 1}
     assert running_replicas(serve_status, "other") == {}
 
 

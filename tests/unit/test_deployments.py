@@ -12,6 +12,7 @@ from probserve.ops.local_ray import (
     DRAINING_PERIOD,
     HAPROXY,
     PROXY_CALLBACK,
+    PROXY_CHECK_PERIOD,
     logical_resources,
     ray_environment,
 )
@@ -80,7 +81,11 @@ def test_one_machine_declares_the_node_groups_a_file_asks_for():
 def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(monkeypatch):
     monkeypatch.delenv(HAPROXY, raising=False)
     monkeypatch.delenv(DRAINING_PERIOD, raising=False)
-    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5"}
+    monkeypatch.delenv(PROXY_CHECK_PERIOD, raising=False)
+    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5",
+                                 PROXY_CHECK_PERIOD: "2"}
     monkeypatch.setenv(HAPROXY, "0")
     monkeypatch.setenv(DRAINING_PERIOD, "30")
-    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "0", DRAINING_PERIOD: "30"}
+    monkeypatch.setenv(PROXY_CHECK_PERIOD, "10")
+    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "0", DRAINING_PERIOD: "30",
+                                 PROXY_CHECK_PERIOD: "10"}

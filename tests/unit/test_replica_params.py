@@ -1,6 +1,9 @@
 """What the replica asks of vLLM for each request's log-probabilities: labels, the full
 vocabulary, and how much of the prefix cache a scored span may read."""
 
+import subprocess
+import sys
+
 import pytest
 
 from probserve.config import ModelConfig
@@ -62,3 +65,21 @@ def test_a_request_that_waited_past_max_queue_wait_s_for_a_place_is_refused_on_a
         check_queue_time(sent_at=100.0, ready_at=50.0, now=102.5, bound_s=2)
     # Sent before the replica was ready: it waited for the replica to start, not for room.
     check_queue_time(sent_at=100.0, ready_at=160.0, now=161.0, bound_s=2)
+
+
+def test_importing_vllm_in_a_replica_leaves_ray_serves_log_open():
+    """Ray Serve's replica log is a MemoryHandler, which a restarted controller reads to
+    recover the replica; vLLM's own logging setup would close it."""
+    script = "\n".join([
+        "import logging, logging.handlers",
+        "serve_log = logging.handlers.MemoryHandler(100, target=logging.StreamHandler())",
+        "logging.getLogger('ray.serve').addHandler(serve_log)",
+        "from probserve.engine.replica import log_vllm_beside_serve",
+        "log_vllm_beside_serve()",
+        # What vLLM's engine does as it starts, with the configuration the environment gives.
+        "from vllm.config.logging import LoggingConfig",
+        "from vllm.logger import configure_logging_if_needed",
+        "configure_logging_if_needed(LoggingConfig())",
+        "assert serve_log.target is not None, 'vLLM closed the handler'",
+        "assert logging.getLogger('vllm').handlers"])
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)

@@ -1,0 +1,348 @@
+"""A steady mixed load at a fixed rate, and what became of each request while parts of the
+service were killed.
+
+bench/chaos.py and tests/e2e/test_chaos.py kill the parts of a local service under it; a
+platform team can point the same load at its own deployment while it deletes pods:
+
+    python -m probserve.ops.chaos --url http://HOST:8000 --model M --rate 8 --seconds 300 --key K1 --key K2
+
+Each request ends as one of OUTCOMES:
+- answered: a 200 whose whole body gives the numbers the same request got before the kills;
+- refused: an error the client can act on: a status with probserve's JSON envelope (or, in a
+  stream, an error event), or a connection refused (nothing was taken);
+- broken: a body cut off by a transport error: the client knows it is incomplete;
+- bare: an error status without the envelope (a load balancer's own page);
+- lost: no answer within the timeout, or a 200 whose body ends early without an error;
+- wrong: a whole 200 body with other numbers.
+Lost and wrong must never happen.
+"""
+
+import argparse
+import asyncio
+import itertools
+import math
+import random
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+import psutil
+
+OUTCOMES = ("answered", "refused", "broken", "bare", "lost", "wrong")
+FAILED = set(OUTCOMES) - {"answered"}
+# Answers computed in other batches differ in float32 rounding, never by this much.
+TOLERANCE = 1e-3
+
+
+class Mismatch(Exception):
+    """A whole body whose numbers are not the expected ones."""
+
+
+class CutShort(Exception):
+    """A 200 body that ended early without a transport error."""
+
+
+class Refused(Exception):
+    """An error the service reported in its envelope: its code."""
+
+
+class Bare(Exception):
+    """An error status without probserve's envelope."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A request of the mix: its body (model filled in later), its share, how it is read."""
+
+    name: str
+    body: dict
+    weight: float
+    read: str = "json"  # json, stream (server-sent events) or full_vocab (gzip JSON)
+
+
+def standard_kinds(prompt_ids: list[int]) -> list[Kind]:
+    """Small requests, echo scoring, streams and full distributions of `prompt_ids`."""
+    return [
+        Kind("small", {"prompt": prompt_ids[:5], "max_tokens": 1, "logprobs": 5}, 70),
+        Kind("echo", {"prompt": prompt_ids, "echo": True, "logprobs": 1, "max_tokens": 1}, 15),
+        Kind("stream", {"prompt": prompt_ids[:5], "max_tokens": 8, "logprobs": 1, "stream": True},
+             10, read="stream"),
+        Kind("full_vocab", {"prompt": prompt_ids, "max_tokens": 1, "prompt_logprobs": -1}, 5,
+             read="full_vocab"),
+    ]
+
+
+def completion_numbers(payload: dict) -> tuple[list, list]:
+    """A completion's tokens and their log-probabilities, all choices in order."""
+    tokens, numbers = [], []
+    for choice in payload["choices"]:
+        logprobs = choice["logprobs"]
+        tokens += logprobs["tokens"]
+        numbers += logprobs["token_logprobs"]
+    return tokens, numbers
+
+
+def stream_numbers(body: bytes) -> tuple[list, list]:
+    """The tokens and log-probabilities of a whole event stream; `CutShort` without `[DONE]`."""
+    events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
+    if not events or events[-1] != b"[DONE]":
+        raise CutShort("the stream ended without [DONE]")
+    tokens, numbers = [], []
+    for payload in map(orjson.loads, events[:-1]):
+        if "error" in payload:
+            raise Refused(payload["error"]["code"])
+        more_tokens, more_numbers = completion_numbers(payload)
+        tokens += more_tokens
+        numbers += more_numbers
+    return tokens, numbers
+
+
+def full_vocab_numbers(compressed: bytes, prompt_ids: list[int]) -> tuple[list, list]:
+    """Each position's entry count and the log-probability of the prompt's own token there,
+    from a gzip body; `CutShort` when the gzip stream is not whole."""
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    text = inflate.decompress(compressed)
+    if not inflate.eof or inflate.unused_data:
+        raise CutShort("the gzip stream is not whole")
+    rows = orjson.loads(text)["choices"][0]["prompt_logprobs"]
+    if len(rows) != len(prompt_ids) or rows[0] is not None:
+        raise Mismatch(f"{len(rows)} rows for {len(prompt_ids)} prompt tokens")
+    return ([len(row) for row in rows[1:]],
+            [row[str(token)]["logprob"] for row, token in zip(rows[1:], prompt_ids[1:], strict=True)])
+
+
+def same_numbers(expected: tuple[list, list], got: tuple[list, list]) -> bool:
+    (expected_labels, expected_values), (labels, values) = expected, got
+    return labels == expected_labels and len(values) == len(expected_values) and all(
+        a == b if a is None or b is None else math.isclose(a, b, abs_tol=TOLERANCE)
+        for a, b in zip(expected_values, values, strict=True))
+
+
+def error_code(status: int, content: bytes) -> str | None:
+    """The envelope's error code of an error response, None when it has none."""
+    try:
+        return str(orjson.loads(content)["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+@dataclass
+class Record:
+    kind: str
+    tenant: str
+    sent: float  # seconds since the load started
+    ended: float | None = None
+    outcome: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class SteadyLoad:
+    """Requests of `kinds` at `rate` per second, each tenant's key in turn (None: no key)."""
+
+    url: str
+    model: str
+    kinds: list[Kind]
+    rate: float
+    keys: dict[str, str | None] = field(default_factory=lambda: {"anonymous": None})
+    timeout_s: float = 60
+    seed: int = 0
+    records: list[Record] = field(default_factory=list)
+    expected: dict[str, tuple] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def body(self, kind: Kind) -> dict:
+        return {"model": self.model, "temperature": 0, **kind.body}
+
+    async def numbers(self, client: httpx.AsyncClient, kind: Kind, key: str | None) -> tuple[list, list]:
+        """The request's numbers; `Refused` for an enveloped error, `Bare` for another."""
+        headers = {"accept-encoding": "gzip" if kind.read == "full_vocab" else "identity"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        async with client.stream("POST", "/v1/completions", json=self.body(kind),
+                                 headers=headers) as response:
+            content = b"".join([chunk async for chunk in response.aiter_raw()])
+        if response.status_code != 200:
+            code = error_code(response.status_code, content)
+            raise Refused(code) if code else Bare(f"{response.status_code} {content[:60]!r}")
+        if kind.read == "stream":
+            return stream_numbers(content)
+        if kind.read == "full_vocab":
+            return full_vocab_numbers(content, kind.body["prompt"])
+        try:
+            return completion_numbers(orjson.loads(content))
+        except orjson.JSONDecodeError as error:
+            raise CutShort("the JSON body does not parse") from error
+
+    async def learn(self, client: httpx.AsyncClient) -> None:
+        """Each kind's numbers, before anything is killed: what every later answer must equal."""
+        key = next(iter(self.keys.values()))
+        self.expected = {kind.name: await self.numbers(client, kind, key) for kind in self.kinds}
+
+    async def one(self, client: httpx.AsyncClient, kind: Kind, tenant: str) -> None:
+        record = Record(kind.name, tenant, self.now())
+        self.records.append(record)
+        try:
+            got = await asyncio.wait_for(self.numbers(client, kind, self.keys[tenant]), self.timeout_s)
+            record.outcome = "answered" if same_numbers(self.expected[kind.name], got) else "wrong"
+        except Refused as refusal:
+            record.outcome, record.detail = "refused", str(refusal)
+        except httpx.ConnectError as error:
+            record.outcome, record.detail = "refused", f"connection refused: {error}"
+        except Bare as bare:
+            record.outcome, record.detail = "bare", str(bare)
+        except (TimeoutError, httpx.TimeoutException):
+            record.outcome, record.detail = "lost", f"no answer in {self.timeout_s:.0f} s"
+        except (httpx.TransportError, httpx.DecodingError) as error:
+            record.outcome, record.detail = "broken", type(error).__name__
+        except CutShort as short:
+            record.outcome, record.detail = "lost", str(short)
+        except Mismatch as mismatch:
+            record.outcome, record.detail = "wrong", str(mismatch)
+        record.ended = self.now()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sends until `stop`, then waits for every request sent."""
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits) as client:
+            if not self.expected:
+                await self.learn(client)
+            self.started = time.monotonic()
+            chooser = random.Random(self.seed)
+            tenants = itertools.cycle(self.keys)
+            pending = set()
+            for tick in itertools.count():
+                if stop.is_set():
+                    break
+                kind = chooser.choices(self.kinds, weights=[k.weight for k in self.kinds])[0]
+                task = asyncio.create_task(self.one(client, kind, next(tenants)))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                # A fixed schedule: the next request leaves on time whatever the answers do.
+                await asyncio.sleep(max(0.0, (tick + 1) / self.rate - self.now()))
+            await asyncio.gather(*pending)
+
+    def recovered_since(self, moment: float, settle: int) -> bool:
+        """Whether the last `settle` requests sent after `moment`, of those finished in order
+        of sending, were all answered."""
+        finished = list(itertools.takewhile(lambda r: r.outcome is not None,
+                                            (r for r in self.records if r.sent >= moment)))
+        return len(finished) >= settle and all(r.outcome == "answered" for r in finished[-settle:])
+
+
+@dataclass
+class Phase:
+    """What became of the requests sent from one kill to the next."""
+
+    name: str
+    start: float
+    outcomes: Counter
+    details: Counter
+    time_to_full_service: float  # from the kill to the end of the last failed request
+    slowest_answer: float  # seconds: an answer may wait for a replacement instead of failing
+
+    def row(self) -> str:
+        counts = " | ".join(str(self.outcomes[outcome]) for outcome in OUTCOMES)
+        return (f"| {self.name} | {sum(self.outcomes.values())} | {counts} | "
+                f"{self.time_to_full_service:.1f} s | {self.slowest_answer:.1f} s |")
+
+
+def phases(records: list[Record], kills: list[tuple[str, float]]) -> list[Phase]:
+    """One phase before the first kill ("steady") and one from each kill to the next; a
+    request belongs to the phase it ended in (one in flight at a kill is the kill's)."""
+    starts = [("steady", 0.0), *kills]
+    result = []
+    for (name, start), (_, end) in zip(starts, [*starts[1:], ("end", math.inf)], strict=True):
+        ended = [r for r in records if r.ended is not None and start <= r.ended < end]
+        failed = [r for r in ended if r.outcome in FAILED]
+        result.append(Phase(name, start, Counter(r.outcome for r in ended),
+                            Counter(f"{r.outcome}: {r.kind}: {r.detail}" for r in failed),
+                            max((r.ended - start for r in failed), default=0.0),
+                            max((r.ended - r.sent for r in ended if r.outcome == "answered"), default=0.0)))
+    return result
+
+
+def table(phases_: list[Phase]) -> str:
+    header = "| killed | requests | " + " | ".join(OUTCOMES) + " | time to full service | slowest answer |"
+    return "\n".join([header, "|" + " --- |" * (len(OUTCOMES) + 4), *(p.row() for p in phases_)])
+
+
+def processes(marker: str) -> list[psutil.Process]:
+    """This machine's processes whose command line holds `marker`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(process.info["cmdline"] or []):
+            found.append(process)
+    return found
+
+
+def kill_one(marker: str) -> int:
+    """SIGKILL to one process whose command line holds `marker`: its pid."""
+    (victim, *_) = processes(marker) or [None]
+    if victim is None:
+        raise LookupError(f"no process with {marker!r} in its command line")
+    victim.kill()
+    return victim.pid
+
+
+async def under_chaos(load: SteadyLoad, kills: list[tuple[str, Callable[[], object]]],
+                      steady_s: float, settle: int, limit_s: float,
+                      after_kill: Callable[[str], object] = lambda name: None) -> list[Phase]:
+    """Runs `load`, kills each target in turn once the service has recovered from the last
+    (at most `limit_s` after it), and returns the phases."""
+    stop = asyncio.Event()
+    running = asyncio.create_task(load.run(stop))
+
+    async def pause(seconds: float) -> None:
+        """Sleeps, raising the load's error if it stopped."""
+        await asyncio.wait([running], timeout=seconds)
+        if running.done():
+            running.result()
+            raise RuntimeError("the load stopped by itself")
+
+    while not load.expected:
+        await pause(0.1)
+    await pause(steady_s)
+    moments = []
+    for name, kill in kills:
+        moments.append((name, load.now()))
+        await asyncio.to_thread(kill)
+        await asyncio.to_thread(after_kill, name)
+        while not load.recovered_since(moments[-1][1], settle) and load.now() - moments[-1][1] < limit_s:
+            await pause(0.5)
+        print(f"{name} killed at {moments[-1][1]:.1f} s; {settle} answered in a row "
+              f"{load.now() - moments[-1][1]:.1f} s later", flush=True)
+    stop.set()
+    await running
+    return phases(load.records, moments)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A steady mixed load; prints what became of each request.")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--rate", type=float, default=4, help="requests per second")
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--prompt-ids", type=int, nargs="+", default=list(range(1000, 1016)))
+    parser.add_argument("--key", action="append", default=[], help="a tenant's API key (repeat for more)")
+    options = parser.parse_args()
+    keys = {f"tenant {i + 1}": key for i, key in enumerate(options.key)} or {"anonymous": None}
+    load = SteadyLoad(options.url, options.model, standard_kinds(options.prompt_ids), options.rate, keys)
+
+    async def for_a_while() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(options.seconds, stop.set)
+        await load.run(stop)
+    asyncio.run(for_a_while())
+    print(table(phases(load.records, [])))
+
+
+if __name__ == "__main__":
+    main()
