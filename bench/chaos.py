@@ -47,9 +47,10 @@ def start_redis(folder: Path) -> subprocess.Popen:
 
 
 def kill_the_engine() -> int:
-    """The model replica's vLLM engine core: the process vLLM spawned for it."""
+    """The model replica's vLLM engine core: the largest process it started (forked or
+    spawned, so its command line does not tell)."""
     (replica,) = processes(f"ServeReplica:{APP_NAME}:Model-{SMOLLM2}")
-    (engine,) = [child for child in replica.children() if "spawn_main" in " ".join(child.cmdline())]
+    engine = max(replica.children(), key=lambda child: child.memory_info().rss)
     engine.kill()
     return engine.pid
 
