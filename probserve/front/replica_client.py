@@ -39,7 +39,7 @@ class ReplicaClient:
 
     async def generate(self, model: str, engine_requests: list[EngineRequest]) -> list[EngineResult]:
         """The results; 503 if the model's queue is full or it loses its replicas meanwhile."""
-        self.check_running(model)
+        await self.check_started(model)
         try:
             return await self.watched(model, generate_all(self.replicas[model], engine_requests))
         except REFUSED as error:
@@ -50,7 +50,7 @@ class ReplicaClient:
         """A full-vocabulary prompt's windows as its replica computes them, each chunk of
         rows a reference into Ray's object store, never fetched here (the replica's
         `generate_full_vocab`); stopped there if left early; refusals as `generate`'s."""
-        self.check_running(model)
+        await self.check_started(model)
         sent = dataclasses.replace(engine_request, sent_at=time.time())
         call = self.replicas[model].options(stream=True, _by_reference=True).generate_full_vocab.remote(sent)
         try:
@@ -86,7 +86,7 @@ class ReplicaClient:
                      stream: ChoiceStream) -> AsyncIterator[bytes]:
         """Every prompt's deltas as they come, merged into one event stream. A failure before
         the first event is the client's HTTP error; after it, the stream's last event."""
-        self.check_running(model)
+        await self.check_started(model)
         queue: asyncio.Queue = asyncio.Queue()
         tasks = [asyncio.create_task(self.pump(model, i, r, record, queue))
                  for i, r in enumerate(engine_requests)]
@@ -151,6 +151,13 @@ class ReplicaClient:
     def always_on(self, name: str) -> bool:
         """Whether the model should always have a replica (it does not scale to zero)."""
         return self.config.model(name).autoscaling_config.get("min_replicas", 1) >= 1
+
+    async def check_started(self, name: str) -> None:
+        """`check_running` before a request is sent, a count of none confirmed by one at most
+        a second old: an idle ingress's last count may date from before a replica started."""
+        if self.always_on(name) and self.replica_states.running(model_deployment_name(name)) == 0:
+            await self.replica_states.known(model_deployment_name(name))
+            self.check_running(name)
 
     def check_running(self, name: str) -> None:
         """503 `not_ready` at once for a model that should have a replica and has none,

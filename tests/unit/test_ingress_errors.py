@@ -197,6 +197,23 @@ def test_a_request_for_a_model_without_a_running_replica_is_refused_before_it_is
     assert (caught.value.status, caught.value.code) == (503, "not_ready")
 
 
+class CountedBefore(Running):
+    """The last count says no replica; asked afresh, the controller says one started since."""
+
+    def __init__(self, **fresh: int):
+        super().__init__(**{name: 0 for name in fresh})
+        self.fresh = fresh
+
+    async def known(self, deployment: str) -> int | None:
+        self.counts = self.fresh
+        return self.running(deployment)
+
+
+def test_a_request_is_refused_for_want_of_a_replica_only_on_a_fresh_count():
+    with pytest.raises(RuntimeError, match="sent"):  # the handle's answer: it was sent
+        collect(BreakingStream([], RuntimeError("sent")), CountedBefore(**{MODEL.name: 1}))
+
+
 def test_a_generation_waiting_for_a_lost_model_is_refused():
     class Waiting:
         """A replica handle whose generate call waits while its model loses its replicas."""
