@@ -46,13 +46,11 @@ def start_redis(folder: Path) -> subprocess.Popen:
     raise RuntimeError("redis-server did not start")
 
 
-def kill_the_engine() -> int:
+def kill_the_engine() -> None:
     """The model replica's vLLM engine core: the largest process it started (forked or
     spawned, so its command line does not tell)."""
     (replica,) = processes(f"ServeReplica:{APP_NAME}:Model-{SMOLLM2}")
-    engine = max(replica.children(), key=lambda child: child.memory_info().rss)
-    engine.kill()
-    return engine.pid
+    max(replica.children(), key=lambda child: child.memory_info().rss).kill()
 
 
 def tenancy(folder: Path) -> tuple[dict, dict[str, str]]:

@@ -155,8 +155,9 @@ class ReplicaClient:
     async def check_started(self, name: str) -> None:
         """`check_running` before a request is sent, a count of none confirmed by one at most
         a second old: an idle ingress's last count may date from before a replica started."""
-        if self.always_on(name) and self.replica_states.running(model_deployment_name(name)) == 0:
-            await self.replica_states.known(model_deployment_name(name))
+        deployment = model_deployment_name(name)
+        if self.always_on(name) and self.replica_states.running(deployment) == 0:
+            await self.replica_states.known(deployment)
             self.check_running(name)
 
     def check_running(self, name: str) -> None:

@@ -122,7 +122,7 @@ def same_numbers(expected: tuple[list, list], got: tuple[list, list]) -> bool:
         for a, b in zip(expected_values, values, strict=True))
 
 
-def error_code(status: int, content: bytes) -> str | None:
+def error_code(content: bytes) -> str | None:
     """The envelope's error code of an error response, None when it has none."""
     try:
         return str(orjson.loads(content)["error"]["code"])
@@ -170,7 +170,7 @@ class SteadyLoad:
                                  headers=headers) as response:
             content = b"".join([chunk async for chunk in response.aiter_raw()])
         if response.status_code != 200:
-            code = error_code(response.status_code, content)
+            code = error_code(content)
             raise Refused(code) if code else Bare(f"{response.status_code} {content[:60]!r}")
         if kind.read == "stream":
             return stream_numbers(content)
@@ -239,7 +239,7 @@ class SteadyLoad:
 
 @dataclass
 class Phase:
-    """What became of the requests sent from one kill to the next."""
+    """What became of the requests that ended between one kill and the next."""
 
     name: str
     start: float
@@ -276,25 +276,21 @@ def table(phases_: list[Phase]) -> str:
 
 def processes(marker: str) -> list[psutil.Process]:
     """This machine's processes whose command line holds `marker`."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(process.info["cmdline"] or []):
-            found.append(process)
-    return found
+    return [process for process in psutil.process_iter(["cmdline"])
+            if marker in " ".join(process.info["cmdline"] or [])]
 
 
-def kill_one(marker: str) -> int:
-    """SIGKILL to one process whose command line holds `marker`: its pid."""
-    (victim, *_) = processes(marker) or [None]
-    if victim is None:
+def kill_one(marker: str) -> None:
+    """SIGKILL to one process whose command line holds `marker`."""
+    victims = processes(marker)
+    if not victims:
         raise LookupError(f"no process with {marker!r} in its command line")
-    victim.kill()
-    return victim.pid
+    victims[0].kill()
 
 
-async def under_chaos(load: SteadyLoad, kills: list[tuple[str, Callable[[], object]]],
+async def under_chaos(load: SteadyLoad, kills: list[tuple[str, Callable[[], None]]],
                       steady_s: float, settle: int, limit_s: float,
-                      after_kill: Callable[[str], object] = lambda name: None) -> list[Phase]:
+                      after_kill: Callable[[str], None] = lambda name: None) -> list[Phase]:
     """Runs `load`, kills each target in turn once the service has recovered from the last
     (at most `limit_s` after it), and returns the phases."""
     stop = asyncio.Event()
@@ -312,13 +308,14 @@ async def under_chaos(load: SteadyLoad, kills: list[tuple[str, Callable[[], obje
     await pause(steady_s)
     moments = []
     for name, kill in kills:
-        moments.append((name, load.now()))
+        killed_at = load.now()
+        moments.append((name, killed_at))
         await asyncio.to_thread(kill)
         await asyncio.to_thread(after_kill, name)
-        while not load.recovered_since(moments[-1][1], settle) and load.now() - moments[-1][1] < limit_s:
+        while not load.recovered_since(killed_at, settle) and load.now() - killed_at < limit_s:
             await pause(0.5)
-        print(f"{name} killed at {moments[-1][1]:.1f} s; {settle} answered in a row "
-              f"{load.now() - moments[-1][1]:.1f} s later", flush=True)
+        print(f"{name} killed at {killed_at:.1f} s; {settle} answered in a row "
+              f"{load.now() - killed_at:.1f} s later", flush=True)
     stop.set()
     await running
     return phases(load.records, moments)

@@ -65,9 +65,9 @@ def test_numbers_match_within_rounding_and_nothing_else():
 
 
 def test_an_error_code_comes_only_from_the_envelope():
-    assert error_code(503, b'{"error": {"code": "overloaded", "message": "m"}}') == "overloaded"
-    assert error_code(500, b"Internal Server Error") is None
-    assert error_code(500, b'{"detail": "x"}') is None
+    assert error_code(b'{"error": {"code": "overloaded", "message": "m"}}') == "overloaded"
+    assert error_code(b"Internal Server Error") is None
+    assert error_code(b'{"detail": "x"}') is None
 
 
 def records(*rows) -> list[Record]:
