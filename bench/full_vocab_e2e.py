@@ -110,9 +110,9 @@ def run_vllm(sizes: list[int], repeats: int) -> dict:
         server.wait()
 
 
-def run_probserve(sizes: list[int], repeats: int, workers: int, window: int) -> dict:
+def run_probserve(sizes: list[int], repeats: int, workers: int, window: int, block: int | None) -> dict:
     pool = {"autoscaling_config": {"min_replicas": workers, "max_replicas": workers}}
-    model = {"name": SMOLLM2, "full_vocab_window": window}
+    model = {"name": SMOLLM2, "full_vocab_window": window, "kv_block_size": block}
     url = local_ray.start({"models": [model], "serializer_pool": pool}, port=PORT, log_to_driver=False)
     try:
         return measure(url, sizes, repeats, f"probserve, {workers} pool worker(s), window {window}")
@@ -163,6 +163,8 @@ def main() -> None:
                         help="sizes vLLM's server is asked (it ran out of memory at 512)")
     parser.add_argument("--windows", type=int, nargs="+", default=[128],
                         help="full_vocab_window values (a value of at least the prompt: one pass)")
+    parser.add_argument("--kv-block-size", type=int,
+                        help="models[].kv_block_size (vLLM's default: 128 on a CPU)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--after-start", metavar="CONFIG",
                         help="instead: three requests of the first --tokens size right after the "
@@ -176,7 +178,8 @@ def main() -> None:
     print("| server | prompt tokens | form | first byte | total | bytes | peak memory growth "
           "| after |\n| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
     baseline = run_vllm(options.vllm_tokens, options.repeats) if options.vllm_tokens else {}
-    ours = {(workers, window): run_probserve(options.tokens, options.repeats, workers, window)
+    ours = {(workers, window): run_probserve(options.tokens, options.repeats, workers, window,
+                                                      options.kv_block_size)
             for workers in options.workers for window in options.windows}
     for (tokens, form), theirs in baseline.items():
         for (workers, window), results in ours.items():

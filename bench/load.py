@@ -37,7 +37,9 @@ from probserve.store.home import apply_cache_environment
 from probserve.store.model_store import SMOLLM2, prepare
 
 PORT = 8312
-ECHO_IDS = list(range(1000, 1128))
+# Each echo128 request scores a sequence of its own, as an evaluation set's items are: a
+# sequence sent again would be served from probserve's prefix caches.
+ECHO_SEQUENCES = random.Random(0)
 FULL_VOCAB_IDS = list(range(2000, 2032))
 
 
@@ -47,7 +49,8 @@ def small() -> dict:
 
 def echo128() -> dict:
     """An evaluation harness's request: score a 128-token sequence."""
-    return {"prompt": ECHO_IDS, "echo": True, "logprobs": 1, "max_tokens": 1}
+    return {"prompt": ECHO_SEQUENCES.sample(range(1000, 40000), 128), "echo": True, "logprobs": 1,
+            "max_tokens": 1}
 
 
 def full_vocab() -> dict:

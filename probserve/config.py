@@ -76,6 +76,10 @@ class ModelConfig(Strict):
     # GiB of KV cache on a CPU host (vLLM's kv_cache_memory_bytes); ignored on GPUs. vLLM
     # allocates and zeroes all of it at start: a small model needs a fraction of a GiB.
     cpu_kv_cache_gib: float = Field(1, gt=0)
+    # Tokens a KV block (vLLM's block_size); None: vLLM's default for the platform, 128 on a
+    # CPU and 16 on a GPU. The prefix caches reuse whole blocks only: a smaller block leaves
+    # less of a shared context to compute again.
+    kv_block_size: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     # Requests one replica hands its engine at once: vLLM batches them, so this is what lets a
     # replica fill a batch; beyond it requests wait in the ingress's router.

@@ -79,6 +79,7 @@ def engine_args(model: ModelConfig):
         enforce_eager=model.enforce_eager,
         gpu_memory_utilization=model.gpu_memory_utilization,
         kv_cache_memory_bytes=cpu_kv_cache,
+        block_size=model.kv_block_size,
         disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
     )
 
@@ -201,7 +202,7 @@ class ModelReplica:
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
         self.engine = AsyncLLM.from_engine_args(engine_args(model),
                                                 stat_loggers=[RayPrometheusStatLogger])
-        block = self.engine.vllm_config.cache_config.block_size
+        self.block = block = self.engine.vllm_config.cache_config.block_size
         # Whole KV blocks a window, so that each reads every block before it.
         self.window = max(model.full_vocab_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
@@ -285,7 +286,7 @@ class ModelReplica:
         store owned by the caller, which hands the chunks to the serializer pool unread
         (rows nested in an item could be freed early: ray-project/ray#58082)."""
         self.check_queue_time(request)
-        for window in full_vocab_windows(request, self.window):
+        for window in full_vocab_windows(request, self.window, self.block):
             result = await self.final_result(window)
             yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
             for chunk in result.full_vocab.chunks:

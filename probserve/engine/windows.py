@@ -5,6 +5,8 @@ its prefill ends) and no process holds more than a window of [positions x vocabu
 
 Window k shows positions kW + 1 .. (k + 1)W: its prompt ends at its last position, and it may
 read the first kW tokens from the cache, whole blocks when W is a multiple of the KV block.
+The first window ends at the first block's end instead, so that the first rows leave after
+one block's computation (a window reads whole blocks only: none shorter can be cut before it).
 Only the last window, the whole prompt, generates what the request asks.
 """
 
@@ -17,20 +19,22 @@ ROWS_ONLY = {"max_tokens": 1, "n": 1, "temperature": 0.0, "top_p": 1.0, "seed": 
              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None}
 
 
-def window_starts(first: int, last: int, window: int) -> list[int]:
-    """The first position of each window showing positions `first`..`last`, on multiples of
-    `window` (plus one) after the first."""
-    aligned = (first - 1) // window * window + window + 1
-    return [first, *range(aligned, last + 1, window)]
+def window_starts(first: int, last: int, window: int, block: int) -> list[int]:
+    """The first position of each window showing positions `first`..`last`: the first window
+    ends at the first multiple of `block` from `first` on, the others at multiples of `window`."""
+    first_end = -(-first // block) * block
+    aligned = first_end // window * window + window + 1  # the first multiple after it
+    split = [first_end + 1] if first_end + 1 < min(aligned, last + 1) else []
+    return [first, *split, *range(aligned, last + 1, window)]
 
 
-def full_vocab_windows(request: EngineRequest, window: int) -> list[EngineRequest]:
+def full_vocab_windows(request: EngineRequest, window: int, block: int) -> list[EngineRequest]:
     """The engine requests that compute a full-vocabulary request's rows, in order."""
     tokens, first = request.prompt_token_ids, max(request.prompt_rows_from, 1)
     last = len(tokens) - 1  # the last position with a row
     if last <= first:
         return [dataclasses.replace(request, prompt_rows_from=first)]
-    starts = window_starts(first, last, window)
+    starts = window_starts(first, last, window, block)
     ends = [start - 1 for start in starts[1:]]
     before_last = [dataclasses.replace(request, prompt_token_ids=tokens[:end + 1], prompt_rows_from=start,
                                        **ROWS_ONLY) for start, end in zip(starts, ends)]

@@ -24,7 +24,11 @@ MAX_LOGPROBS = 20
 MAX_LABELS = 16
 MAX_MODEL_LEN = 512
 FULL_VOCAB_MAX = 300  # three windows of full-vocabulary rows (below MAX_SCORED)
-FULL_VOCAB_WINDOW = 128  # one KV block on the CPU: the least a window can be
+FULL_VOCAB_WINDOW = 128  # one KV block of vLLM's CPU default
+# vLLM's KV block on the CPU is 128 tokens unless configured: one family runs on blocks of 32,
+# whose full-vocabulary windows begin with one block and whose prefix caches reuse 32 at a
+# time (SMOLLM2 keeps vLLM's default).
+KV_BLOCKS = {TINY: 128, TINY_BOS: 128, TINY_SENTENCEPIECE: 32}
 ONE_WINDOW = 128  # the full-vocabulary prompt the load and pool tests send: 127 rows, one window
 MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefix_reuse.py)
 # KV cache: a tiny model's token takes 1 KiB, so 64 MiB holds 65,536 of them; SmolLM2's 23 KiB,
@@ -52,6 +56,7 @@ CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
                 "cpu_kv_cache_gib": TINY_KV_GIB,
                 "full_vocab_window": FULL_VOCAB_WINDOW,
+                "kv_block_size": KV_BLOCKS[name],
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]

@@ -9,7 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.e2e.conftest import FAMILIES, FULL_VOCAB_MAX, MODEL
+from probserve.engine.windows import window_starts
+from tests.e2e.conftest import FAMILIES, FULL_VOCAB_MAX, FULL_VOCAB_WINDOW, KV_BLOCKS, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank
 from tests.e2e.test_prefix_reuse import cache_reads, reads_after
 
@@ -151,8 +152,9 @@ def random_prompt(reference, seed: str, length: int) -> list[int]:
 def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, references, metrics_url,
                                                                         family):
     """300 tokens in windows of 128 positions: the second reads 128 tokens of the first from the
-    KV cache, the third 256, in `.npy` on every family, and in JSON (both choices of n = 2,
-    with the echo's top-2 joined over the windows) on the first; every row is the reference's."""
+    KV cache, the third 256 (on blocks of 32, the first window is one block: the others read
+    32, 128 and 256), in `.npy` on every family, and in JSON (both choices of n = 2, with the
+    echo's top-2 joined over the windows) on the first; every row is the reference's."""
     reference = references[family]
     ids = random_prompt(reference, f"windows/{family}", FULL_VOCAB_MAX)
     rows = reference.prompt_rows(ids)
@@ -162,7 +164,8 @@ def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, re
     np.testing.assert_allclose(records["logprobs"][1:], rows[1:], atol=TOLERANCE)
     if family == MODEL:
         assert_windowed_json(http, family, ids, rows)
-    reads = (2 if family == MODEL else 1) * (128 + 256)
+    starts = window_starts(1, len(ids) - 1, FULL_VOCAB_WINDOW, KV_BLOCKS[family])
+    reads = (2 if family == MODEL else 1) * sum(start - 1 for start in starts[1:])
     assert reads_after(metrics_url, family, before, reads) == reads
 
 

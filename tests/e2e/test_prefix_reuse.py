@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from probserve.config import ScoredCacheConfig
-from tests.e2e.conftest import FAMILIES, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import FAMILIES, KV_BLOCKS, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
 
-BLOCK = 128  # vLLM's KV cache block on the CPU: hits are whole blocks
 CHOICES = 4
 # Each request scores its span with a top-k or with labels; echoed whole (every row needed),
 # the same prompt is computed without reading the cache.
@@ -63,15 +62,21 @@ def reads_after(metrics_url: str, model: str, before: float, expected: int) -> f
     return grown(metrics_url, KV_READS, model, before, expected)
 
 
-def context_and_choices(reference, seed: str, extra: int = 0) -> tuple[list[int], list[list[int]]]:
-    """A context of two blocks of random ids (no other request shares its prefix) and four
-    short continuations. Each choice's prompt fills a third block in part: the cache holds
-    both blocks of the context, but a span from the context's end may read only the first
-    (position 255 scores the span's first token)."""
+def context_and_choices(reference, family: str, seed: str,
+                        extra: int = 0) -> tuple[list[int], list[list[int]]]:
+    """A context of two of the family's KV blocks of random ids (no other request shares its
+    prefix), and `extra` more, and four short continuations. Each choice's prompt fills a third
+    block in part: the cache holds both blocks of the context, but a span from the context's
+    end may read only the first (the position before the span's scores its first token)."""
     rng = random.Random(seed)
     size = len(reference.tokenizer)
     pick = lambda count: [rng.randrange(10, min(size, 250)) for _ in range(count)]  # noqa: E731
-    return pick(2 * BLOCK + extra), [pick(rng.randrange(1, 4)) for _ in range(CHOICES)]
+    return pick(2 * KV_BLOCKS[family] + extra), [pick(rng.randrange(1, 4)) for _ in range(CHOICES)]
+
+
+def whole_blocks(family: str, tokens: int) -> int:
+    """The tokens of whole KV blocks among the first `tokens`: what a cache hit can hold."""
+    return tokens // KV_BLOCKS[family] * KV_BLOCKS[family]
 
 
 FIELDS = ("tokens", "token_ids", "token_logprobs", "top_logprobs")
@@ -108,9 +113,9 @@ def assert_same_span(cached: dict, uncached: dict) -> None:
 def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
         complete, references, metrics_url, family, scores):
     reference, fields = references[family], SCORES[scores]
-    context, choices = context_and_choices(reference, seed=f"{family}/{scores}")
+    context, choices = context_and_choices(reference, family, seed=f"{family}/{scores}")
     start = len(context)
-    hit = (start - 1) // BLOCK * BLOCK  # the cut: positions before start - 1, in whole blocks
+    hit = whole_blocks(family, start - 1)  # the cut: positions before start - 1
     before = cache_reads(metrics_url, family)
     for choice in choices:
         ids = context + choice
@@ -125,8 +130,9 @@ def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
 
 
 # Sent together as a span (each follower reads the context's first block from the KV cache,
-# as far as its span allows) or echoed (the context's two whole blocks from the scored cache).
-TOGETHER = {"span": (0, BLOCK), "echo": (50, 2 * BLOCK)}
+# as far as its span allows) or echoed (the context's whole blocks from the scored cache), with
+# this many tokens after the context's two blocks.
+TOGETHER = {"span": 0, "echo": 50}
 
 
 @pytest.mark.parametrize("form", TOGETHER)
@@ -135,10 +141,12 @@ def test_choices_sent_together_compute_their_context_once(complete, references, 
     """One batch of the four choices: the ingress sends its prompts to the engine at once, and
     the three that find the first computing their context wait for it, then read it. (Not on
     the model whose queue the overload tests keep at two in flight and two waiting.)"""
-    reference, (extra, read) = references[family], TOGETHER[form]
-    context, choices = context_and_choices(reference, seed=f"{family}/together/{form}", extra=extra)
+    reference = references[family]
+    context, choices = context_and_choices(reference, family, seed=f"{family}/together/{form}",
+                                           extra=TOGETHER[form])
     start = len(context)
     fields = {"logprob_start_len": start} if form == "span" else {"echo": True}
+    read = whole_blocks(family, start - 1)
     before = cache_reads(metrics_url, family)
     answer = complete(model=family, prompt=[context + choice for choice in choices], max_tokens=1,
                       temperature=0, logprobs=1, **fields)
@@ -154,8 +162,9 @@ def test_choices_sent_together_compute_their_context_once(complete, references, 
 
 
 # The scored-prefix cache: requests that show every prompt row (echo, prompt_logprobs up to its
-# top-k) get the rows of a scored prefix from it. Its blocks are the KV cache's: block b holds
-# positions 128b + 1 .. 128(b + 1), so the choices of a 306-token context share its first 256.
+# top-k) get the rows of a scored prefix from it. Its blocks are the KV cache's: with blocks of
+# 128, block b holds positions 128b + 1 .. 128(b + 1), so the choices of a 306-token context
+# share its first 256.
 HARNESS = {"echo": {"echo": True, "logprobs": 1}, "top-5 echo": {"echo": True, "logprobs": CACHED_TOP_K},
            "prompt_logprobs": {"prompt_logprobs": 2},
            "n = 2, sampled": {"echo": True, "logprobs": 1, "n": 2, "temperature": 1.0, "seed": 7}}
@@ -187,8 +196,8 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
     request computes the context, every later one (of any shape) gets its rows from the
     scored cache."""
     reference = references[family]
-    context, choices = context_and_choices(reference, seed=f"{family}/harness", extra=50)
-    known = (len(context) - 1) // BLOCK * BLOCK  # rows 1..256: the blocks within the context
+    context, choices = context_and_choices(reference, family, seed=f"{family}/harness", extra=50)
+    known = whole_blocks(family, len(context) - 1)  # rows 1..256 on blocks of 128
     before = {metric: exported(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
     for choice in choices:
         ids = context + choice
@@ -217,7 +226,8 @@ def test_a_flood_of_distinct_prefixes_keeps_the_byte_bound_and_the_answers_right
     last one is served from it, the first is computed again, and every answer is the
     reference's."""
     reference = references[SMALL_CACHE_MODEL]
-    contexts = [context_and_choices(reference, seed=f"flood/{index}", extra=10)[0] for index in range(12)]
+    contexts = [context_and_choices(reference, SMALL_CACHE_MODEL, seed=f"flood/{index}", extra=10)[0]
+                for index in range(12)]
 
     def echoed(ids: list[int]) -> None:
         (choice,) = scored(complete, SMALL_CACHE_MODEL, ids, echo=True, logprobs=1)
@@ -230,7 +240,7 @@ def test_a_flood_of_distinct_prefixes_keeps_the_byte_bound_and_the_answers_right
     time.sleep(REPORT_S)
     held = exported(metrics_url, SCORED_BYTES, SMALL_CACHE_MODEL)
     assert 0 < held <= SMALL_CACHE_BYTES
-    for ids, served in ((contexts[-1], 2 * BLOCK), (contexts[0], 0)):
+    for ids, served in ((contexts[-1], 2 * KV_BLOCKS[SMALL_CACHE_MODEL]), (contexts[0], 0)):
         before = exported(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL)
         echoed(ids)
         assert grown(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL, before, served) == served

@@ -50,6 +50,15 @@ def test_the_full_vocabulary_is_marked_with_its_first_row():
     assert again["extra_args"] == {FULL_VOCAB: 2} and "skip_reading_prefix_cache" not in again
 
 
+def test_the_kv_block_is_vllms_platform_default_unless_configured():
+    def block_size(**fields) -> int | None:
+        return engine_args(ModelConfig.model_validate({"name": "tiny-llama", **fields})).block_size
+
+    assert block_size() is None and block_size(kv_block_size=32) == 32
+    with pytest.raises(ValueError):
+        ModelConfig.model_validate({"name": "tiny-llama", "kv_block_size": 0})
+
+
 def test_a_cpu_hosts_kv_cache_is_sized_in_bytes_from_a_fraction_of_a_gib():
     from vllm.platforms import current_platform
 

@@ -13,11 +13,21 @@ REQUEST = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=5, te
     (1, 10, 4, [1, 5, 9]), (1, 8, 4, [1, 5]), (1, 4, 4, [1]), (3, 10, 4, [3, 5, 9]), (5, 12, 4, [5, 9]),
 ])
 def test_windows_start_after_multiples_of_the_window(first, last, window, starts):
-    assert window_starts(first, last, window) == starts
+    assert window_starts(first, last, window, block=window) == starts
+
+
+@pytest.mark.parametrize("first, last, starts", [
+    (1, 20, [1, 3, 9, 17]), (3, 20, [3, 5, 9, 17]), (1, 5, [1, 3]), (2, 2, [2]), (1, 2, [1]),
+    (7, 20, [7, 9, 17]),  # the first block's end is a window's
+    (9, 12, [9, 11]),
+])
+def test_the_first_window_ends_at_the_first_blocks_end(first, last, starts):
+    """Windows of 8 positions on blocks of 2: the first rows leave after one block."""
+    assert window_starts(first, last, window=8, block=2) == starts
 
 
 def test_each_window_shows_its_positions_reading_the_ones_before():
-    windows = full_vocab_windows(REQUEST, 4)  # rows of positions 1..10
+    windows = full_vocab_windows(REQUEST, 4, 4)  # rows of positions 1..10
     assert [len(w.prompt_token_ids) for w in windows] == [5, 9, 11]
     assert [w.prompt_rows_from for w in windows] == [1, 5, 9]
     # each ends at its last position and may read the tokens before its first from the cache
@@ -26,8 +36,14 @@ def test_each_window_shows_its_positions_reading_the_ones_before():
     assert all(w.prompt_token_ids == REQUEST.prompt_token_ids[:len(w.prompt_token_ids)] for w in windows)
 
 
+def test_on_blocks_smaller_than_the_window_the_first_window_is_one_block():
+    windows = full_vocab_windows(REQUEST, 4, 2)  # rows of positions 1..10 on blocks of 2
+    assert [w.prompt_rows_from for w in windows] == [1, 3, 5, 9]
+    assert [w.cache_readable_tokens() for w in windows] == [0, 2, 4, 8]
+
+
 def test_only_the_last_window_generates_what_was_asked():
-    *before, last = full_vocab_windows(REQUEST, 4)
+    *before, last = full_vocab_windows(REQUEST, 4, 4)
     for window in before:
         assert {name: getattr(window, name) for name in ROWS_ONLY} == ROWS_ONLY
         assert (window.logprobs, window.prompt_logprobs) == (2, -1)  # the echo's top-k of its rows
@@ -38,5 +54,5 @@ def test_only_the_last_window_generates_what_was_asked():
 def test_a_prompt_within_one_window_is_one_request(length):
     request = EngineRequest(prompt_token_ids=list(range(length)), max_tokens=1, temperature=0.0, top_p=1.0,
                             prompt_logprobs=-1)
-    (window,) = full_vocab_windows(request, 4)
+    (window,) = full_vocab_windows(request, 4, 4)
     assert window.prompt_token_ids == request.prompt_token_ids and window.cache_readable_tokens() == 0
