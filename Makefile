@@ -21,16 +21,20 @@ serve: venv
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
 # The servers the tests run for real (each test session starts and stops its own):
-# Prometheus (and promtool) and Redis, from Debian's packages.
+# Prometheus (and promtool), Redis and headless Chromium with its WebDriver (the viewer's
+# browser tests), from Debian's packages.
+SERVERS := prometheus promtool redis-server chromium chromedriver
 servers:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v redis-server >/dev/null || { \
-	  echo "== installing Debian's prometheus and redis-server packages"; \
+	@missing=$$(for binary in $(SERVERS); do command -v $$binary >/dev/null || echo $$binary; done); \
+	[ -z "$$missing" ] || { \
+	  echo "== installing Debian's packages for: $$missing"; \
 	  $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends prometheus redis-server; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends \
+	    prometheus redis-server chromium chromium-driver; }
 
 test: venv servers
 	$(VENV)/bin/ruff check probserve tests bench
-	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece smollm2-135m-instruct
+	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece tiny-llama-sibling smollm2-135m-instruct
 	$(PY) -m pytest tests --durations=30
 
 unit: venv

@@ -137,6 +137,8 @@ class IngressConfig(Strict):
     # Requests one ingress replica works on at once. It only parses, tokenizes and awaits
     # replicas, so it takes hundreds; Ray Serve's default (5) made the proxy queue the rest.
     max_ongoing_requests: int = Field(512, ge=1)
+    # The token-probability viewer at /ui (probserve.front.viewer): off, /ui answers 404.
+    ui: bool = True
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.25}
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
@@ -39,6 +39,7 @@ from probserve.errors import APIError, not_ready
 from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
 from probserve.front.http import event_stream, install_error_handlers, json_object, json_response
 from probserve.front.replica_client import ReplicaClient
+from probserve.front.viewer import ViewerFiles
 from probserve.fullvocab.streamed import StreamedRows
 from probserve.gate import once
 from probserve.observe.availability import ReplicaStates, running_replicas
@@ -98,6 +99,7 @@ class Ingress:
         states = ReplicaStates(lambda: running_replicas(serve.status(), app_name))
         self.engines = ReplicaClient(config, replicas, states)
         self.full_vocab = FullVocabResponses(config, serializers)
+        self.viewer = ViewerFiles(config.ingress.ui)
 
     @app.get("/livez")
     async def live(self) -> Response:
@@ -116,6 +118,21 @@ class Ingress:
             return json_response({"status": "ok", "models": states})
         error = not_ready(f"not ready: {down}", self.config.ingress.retry_after_s)
         return json_response({**error.envelope(), "models": states}, error.status, error.headers)
+
+    @app.get("/ui", include_in_schema=False)
+    async def viewer_folder(self) -> Response:
+        """The viewer's folder, so that the page's relative paths resolve under any route prefix."""
+        self.viewer.check_enabled()
+        return RedirectResponse("ui/", status_code=307)
+
+    @app.get("/ui/", include_in_schema=False)
+    async def viewer_page(self) -> Response:
+        """The token-probability viewer (probserve.front.viewer)."""
+        return self.viewer.response("index.html")
+
+    @app.get("/ui/{name}", include_in_schema=False)
+    async def viewer_file(self, name: str) -> Response:
+        return self.viewer.response(name)
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> Response:

@@ -5,6 +5,8 @@
 - `tiny-llama`, `tiny-llama3`, `tiny-sentencepiece`: random two-layer Llamas for tests, each
   with a tokenizer trained here in one of the production models' families (byte-level BPE
   without BOS, byte-level BPE with Llama 3's BOS, SentencePiece-style BPE with byte fallback).
+- `tiny-llama-sibling`: tiny-llama's tokenizer with other random weights, so that two models
+  tokenize alike and score differently (the viewer's comparison is tested on them).
 
 Each build writes into a temporary folder and renames it into place, so a folder that exists
 is complete; a stamp records the builders' version, and preparing again is a no-op unless the
@@ -27,6 +29,7 @@ SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-llama"
 TINY_BOS = "tiny-llama3"
 TINY_SENTENCEPIECE = "tiny-sentencepiece"
+TINY_SIBLING = "tiny-llama-sibling"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_VOCAB_SIZE = 4096
 TINY_SEED = 20261130
@@ -163,11 +166,10 @@ TINY_FAMILIES = {
 }
 
 
-def build_tiny(target: Path, name: str) -> None:
+def build_tiny(target: Path, name: str, family: TinyFamily, seed: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    family = TINY_FAMILIES[name]
     log(f"{name}: training a {'SentencePiece-style' if family.byte_fallback else 'byte-level'} "
         "BPE tokenizer")
     bpe = family_tokenizer(family)
@@ -176,7 +178,7 @@ def build_tiny(target: Path, name: str) -> None:
         tokenizer.chat_template = family.chat_template
 
     log(f"{name}: initializing a random 2-layer Llama")
-    torch.manual_seed(TINY_SEED)
+    torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=bpe.get_vocab_size(),
         hidden_size=128,
@@ -206,7 +208,9 @@ def portable_tokenizer_class(folder: Path) -> None:
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
     SMOLLM2: build_smollm2,
-    **{name: partial(build_tiny, name=name) for name in TINY_FAMILIES},
+    **{name: partial(build_tiny, name=name, family=family, seed=TINY_SEED)
+       for name, family in TINY_FAMILIES.items()},
+    TINY_SIBLING: partial(build_tiny, name=TINY_SIBLING, family=TINY_FAMILIES[TINY], seed=TINY_SEED + 1),
 }
 # Raised when a builder changes what it makes: folders built before are rebuilt.
 BUILD_VERSION = 2

@@ -1,6 +1,7 @@
 """One real service for the whole session: Ray Serve, the app, vLLM on three tiny models, one
-per tokenizer family (the first is the one most tests use), and the embedded default model,
-on which the documentation's examples run as they are written. The SentencePiece model scales
+per tokenizer family (the first is the one most tests use), a sibling of the first (its
+tokenizer, other weights: the viewer compares the two), and the embedded default model, on
+which the documentation's examples run as they are written. The SentencePiece model scales
 as deployments/autoscaling.yaml says (tests/e2e/test_autoscaling.py)."""
 
 import os
@@ -13,7 +14,14 @@ import pytest
 import yaml
 
 from probserve.ops import local_ray
-from probserve.store.model_store import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from probserve.store.model_store import (
+    SMOLLM2,
+    TINY,
+    TINY_BOS,
+    TINY_SENTENCEPIECE,
+    TINY_SIBLING,
+    embedded_model_path,
+)
 from tests.e2e.inspected_replica import INSPECTED_REPLICA
 from tests.e2e.prometheus import Prometheus
 from tests.e2e.reference import Reference
@@ -60,6 +68,8 @@ CONFIG = {
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
+    + [{"name": TINY_SIBLING, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.1},
+        "cpu_kv_cache_gib": TINY_KV_GIB}]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB}],
     # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow
     # machine every waiter of test_overload.py's burst is served.

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from probserve.config import Capabilities
-from probserve.store.model_store import SMOLLM2
+from probserve.store.model_store import SMOLLM2, TINY_SIBLING
 from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
 from tests.e2e.text_pieces import assert_pieces, special_tokens
@@ -16,8 +16,8 @@ LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text e
 def test_models_reports_the_capabilities_validation_enforces(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    assert [card["id"] for card in body["data"]] == FAMILIES + [SMOLLM2]
-    for card in body["data"][:len(FAMILIES)]:
+    assert [card["id"] for card in body["data"]] == FAMILIES + [TINY_SIBLING, SMOLLM2]
+    for card in body["data"][:-1]:
         assert card["object"] == "model"
         assert card["capabilities"] == CAPABILITIES
     assert body["data"][-1]["capabilities"] == Capabilities().model_dump()  # the defaults

@@ -1,7 +1,8 @@
 """Tenants and keys over HTTP, on a second application with two ingress replicas that share
 one real Redis (Debian's redis-server, started here): every error, model visibility and
 tighter caps, a request rate that holds across both replicas and resets, fair sharing under a
-flood, usage read back, Redis going away, and no key or prompt in any log."""
+flood, usage read back, Redis going away, the viewer asking for a key and showing a tenant's
+refusals, and no key or prompt in any log."""
 
 import shutil
 import statistics
@@ -14,18 +15,22 @@ import httpx
 import numpy as np
 import pytest
 from ray import serve
+from selenium.webdriver.support.ui import Select
 
 from probserve.ops.app import build_app
 from probserve.store.model_store import TINY, TINY_BOS
 from probserve.tenants import keyring
 from probserve.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
+from tests.e2e.browser import Browser
 from tests.e2e.conftest import TINY_KV_GIB, free_port
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
+from tests.e2e.test_viewer import SCREENSHOTS, click_and_wait
 
 APP, PREFIX = "tenancy", "/tenancy"
 REQUESTS_PER_MINUTE = 8  # alpha's
+VIEWER_REQUESTS_PER_MINUTE = 3  # the viewer test's tenant's
 SECRET_WORD = f"tenant-secret-{uuid.uuid4().hex}"
 # Metrics reach Prometheus through Ray's metrics agent (reports every 2 s) and a scrape (every
 # 3 s), both slower on a loaded machine.
@@ -64,7 +69,8 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
     """alpha: the first tiny model only, tighter caps, a request rate, two in flight; beta:
-    both models, no limits; gamma: a key that gets revoked; flood: one in flight, eight waiting."""
+    both models, no limits; gamma: a key that gets revoked; flood: one in flight, eight
+    waiting; viewer: the first model only, three requests a minute."""
     folder = tmp_path_factory.mktemp("keys")
     secret_file, key_file = folder / "secret", folder / "keys.yaml"
     secret_file.write_text(keyring.new_secret())
@@ -73,8 +79,9 @@ def keys(tmp_path_factory):
         "alpha": Tenant(models=[TINY], caps=TenantCaps(max_logprobs=2),
                         limits=TenantLimits(requests_per_minute=REQUESTS_PER_MINUTE, max_in_flight=2)),
         "beta": Tenant(), "gamma": Tenant(),
-        "flood": Tenant(limits=TenantLimits(max_in_flight=1, max_waiting=8))})
-    for name in ("alpha", "beta", "gamma", "flood"):
+        "flood": Tenant(limits=TenantLimits(max_in_flight=1, max_waiting=8)),
+        "viewer": Tenant(models=[TINY], limits=TenantLimits(requests_per_minute=VIEWER_REQUESTS_PER_MINUTE))})
+    for name in ("alpha", "beta", "gamma", "flood", "viewer"):
         document, made[name] = keyring.create_key(document, name, secret)
     document.write(key_file)
     return {"key_file": key_file, "secret_file": secret_file, "made": made}
@@ -282,6 +289,41 @@ def test_the_request_rate_resets_after_its_window(url, keys, alpha_refusal):
         time.sleep(2)
     assert answer.status_code == 200
     assert time.monotonic() - refused_at >= retry_after - 1, "the window reset early"
+
+
+def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tmp_path):
+    browser = Browser(tmp_path)
+    try:
+        browser.open(f"{url}/ui")
+        refused = browser.visible("#error")
+        assert refused.get_attribute("data-code") == "missing_api_key" and refused.text.startswith("401 ")
+        assert browser.find("#key-row").is_displayed()
+        browser.screenshot(SCREENSHOTS / "viewer-key.png")
+        browser.find("#api-key").send_keys(keys["made"]["beta"])
+        browser.find("#use-key").click()
+        browser.wait_for(lambda _: [o.get_attribute("value") for o in browser.find_all("#model option")]
+                         == [TINY, TINY_BOS])
+        assert not browser.find("#error").is_displayed()
+        # The key stays in this tab's session storage, nowhere else.
+        assert browser.script("return sessionStorage.getItem('probserve.apiKey')") == keys["made"]["beta"]
+        assert browser.script("return localStorage.length") == 0 and browser.driver.get_cookies() == []
+        # A key that may not use the chosen model (one given in another tab of the session).
+        Select(browser.find("#model")).select_by_value(TINY_BOS)
+        browser.script("sessionStorage.setItem('probserve.apiKey', arguments[0])", keys["made"]["viewer"])
+        click_and_wait(browser, "#score")
+        assert browser.find("#error").get_attribute("data-code") == "model_not_found"
+        assert f"model '{TINY_BOS}' does not exist" in browser.find("#error").text
+        # The tenant's rate: the refusal above counted, two answers, then 429 with its wait.
+        Select(browser.find("#model")).select_by_value(TINY)
+        for _ in range(VIEWER_REQUESTS_PER_MINUTE - 1):
+            click_and_wait(browser, "#score")
+            assert not browser.find("#error").is_displayed(), browser.find("#error").text
+        click_and_wait(browser, "#score")
+        limited = browser.find("#error")
+        assert limited.get_attribute("data-code") == "rate_limit_exceeded"
+        assert limited.text.startswith("429 rate_limit_exceeded: ") and "(retry in " in limited.text
+    finally:
+        browser.quit()
 
 
 def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_server):
