@@ -117,7 +117,7 @@ def test_content_as_text_parts(http):
 def test_models_say_which_serve_chat(http):
     cards = {card["id"]: card["chat"] for card in http.get("/v1/models").json()["data"]}
     assert cards == {"tiny-llama": True, "tiny-llama3": True, "tiny-sentencepiece": False,
-                     "smollm2-135m-instruct": True}
+                     "tiny-llama-sibling": True, "smollm2-135m-instruct": True}
 
 
 def test_a_model_without_a_template_says_so(http):
