@@ -13,6 +13,7 @@ Subpackages by concern, lowest first; a module imports only from its own layer o
 | `tenants` | API keys, rate limits and in-flight bounds, usage |
 | `fullvocab` | full-vocabulary JSON and npy writers, gzip, the serializer pool, the body relay |
 | `api` | request models and admission, response shaping, streaming, tokenize, OpenAPI |
+| `batch` | OpenAI's Files and Batch APIs: storage, uploads, batch lines and records, the batch runner |
 | `front` | the ingress deployment: HTTP plumbing, the replica client, the handlers |
 | `ops` | the app builder, local Ray and cluster join, the CLI, generated k8s and dashboard |
 """

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from ray.serve.config import AutoscalingConfig
 
+from probserve.store.home import probserve_home
 from probserve.store.model_store import BUILDERS, embedded_model_path
 from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS
 
@@ -159,6 +160,25 @@ class SerializerPoolConfig(Strict):
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
 
 
+class BatchConfig(Strict):
+    """OpenAI's Files and Batch APIs (probserve.batch, docs/batch.md)."""
+
+    # The folder of uploaded files, batch records and their results; every ingress replica and
+    # the batch runner must see the same one (a shared volume on a cluster). None:
+    # PROBSERVE_HOME/batch.
+    storage: str | None = None
+    # The largest upload and the most requests in one batch (OpenAI's own bounds).
+    max_file_bytes: int = Field(200 << 20, ge=1024)
+    max_lines: int = Field(50_000, ge=1)
+    # Lines of one batch the runner sends at once: more keep a model busier, and take more of
+    # the tenant's in-flight places.
+    lines_in_flight: int = Field(8, ge=1)
+    ray_actor_options: dict[str, Any] = {"num_cpus": 0.1}
+
+    def root(self) -> Path:
+        return Path(self.storage) if self.storage else probserve_home() / "batch"
+
+
 class TenancyConfig(Strict):
     """API keys and per-tenant limits (probserve.tenants.keyring, docs/tenancy.md)."""
 
@@ -193,6 +213,7 @@ class AppConfig(Strict):
     ingress: IngressConfig = IngressConfig()
     serializer_pool: SerializerPoolConfig = SerializerPoolConfig()
     tenancy: TenancyConfig = TenancyConfig()
+    batch: BatchConfig = BatchConfig()
 
     @model_validator(mode="after")
     def unique_names(self) -> "AppConfig":
@@ -221,6 +242,7 @@ class AppConfig(Strict):
         """Each deployment's ray_actor_options and autoscaling_config: what Ray places where."""
         return [(self.ingress.ray_actor_options, self.ingress.autoscaling_config),
                 (self.serializer_pool.ray_actor_options, self.serializer_pool.autoscaling_config),
+                (self.batch.ray_actor_options, ONE_REPLICA),
                 *((m.ray_actor_options, m.autoscaling_config) for m in self.models)]
 
     def model(self, name: str) -> ModelConfig | None:

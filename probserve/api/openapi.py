@@ -4,7 +4,13 @@ Schema is the request body, and every refusal is the error envelope."""
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from probserve.api.request_models import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from probserve.api.request_models import (
+    BatchRequest,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 
 SCHEMAS = "#/components/schemas/"
 ERROR_SCHEMA = {
@@ -43,6 +49,7 @@ OPERATIONS = {  # path: (request model, what a 200 holds)
                              STREAMED.format(chunk="chat.completion.chunk")),
     "/tokenize": (TokenizeRequest, "`{tokens, count, max_model_len}`"),
     "/detokenize": (DetokenizeRequest, "`{prompt}`: the text of the tokens"),
+    "/v1/batches": (BatchRequest, "a batch object (OpenAI's), status `validating`"),
 }
 
 

@@ -124,6 +124,20 @@ class DetokenizeRequest(StrictRequest):
     tokens: list[Annotated[int, Field(ge=0)]]
 
 
+BATCH_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
+MetadataKey = Annotated[str, Field(max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+class BatchRequest(StrictRequest):
+    """OpenAI's POST /v1/batches."""
+
+    input_file_id: str
+    endpoint: Literal[BATCH_ENDPOINTS]
+    completion_window: Literal["24h"]
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
+
+
 def sampling_rules(max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
     """What each shared field accepts, in words, for error messages."""
     return {
@@ -182,6 +196,12 @@ TOKENIZE_RULES = {
 DETOKENIZE_RULES = {
     "model": "a string naming a model from GET /v1/models",
     "tokens": "a list of token ids",
+}
+BATCH_RULES = {
+    "input_file_id": "the id of a file uploaded with purpose batch",
+    "endpoint": " or ".join(BATCH_ENDPOINTS),
+    "completion_window": '"24h"',
+    "metadata": "an object of at most 16 strings, keys of up to 64 characters, values up to 512",
 }
 
 

@@ -31,6 +31,11 @@ probserve's changes to vLLM 0.32 (pinned):
    `extra_args[PREFIX_CACHE_LIMIT] = s - 1`: in the scheduler's process the cache hit is cut
    to at most s - 1 tokens (whole blocks), so the logits at s - 1 that score token s, and
    every later row, are computed; the rows before it, never shown, stay zero.
+4. Labels beside a top-k at generated positions: vLLM's sampler, when one request of a step
+   asks for labels (`logprob_token_ids`) and another for a top-k, hands every request of the
+   step the labels' gather, so the top-k request gets its sampled token and padding (token 0
+   at -inf) instead of its top k. The sampler notes the step's top-k, and the labels' gather
+   keeps each other request's top k beside them, in one tensor as wide as the wider.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -96,6 +101,12 @@ TOUCH_POINTS = (
     TouchPoint("vllm.v1.core.kv_cache_manager", "KVCacheManager.truncate_computed_blocks",
                ("self", "blocks", "num_computed_tokens"),
                "called, not patched: vLLM's own cut of a lookup's blocks (item 3)"),
+    TouchPoint("vllm.v1.sample.sampler", "Sampler.forward",
+               ("self", "logits", "sampling_metadata", "predict_bonus_token", "logprobs_mode_override"),
+               "notes the step's top-k for the labels' gather (item 4)"),
+    TouchPoint("vllm.v1.sample.sampler", "Sampler.gather_specific_token_logprobs",
+               ("self", "logprobs", "logprob_token_ids", "sampled"),
+               "keeps the other requests' top k beside the labels (item 4)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -174,6 +185,7 @@ def register() -> None:
     """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
     gather_marked_prompt_rows()
     read_prefix_cache_up_to_limits()
+    keep_top_k_beside_labels()
 
 
 def patched(point: TouchPoint, replacement) -> None:
@@ -338,6 +350,41 @@ def read_prefix_cache_up_to_limits() -> None:
         return self.truncate_computed_blocks(blocks, kept), kept, 0
 
     patched(TOUCH_POINTS[5], get_computed_blocks_within_limit)
+
+
+def keep_top_k_beside_labels() -> None:
+    """Generated positions' labels and top k from one step, each request its own (item 4)."""
+    import torch
+    from vllm.v1.outputs import LogprobsTensors
+
+    forward = original("Sampler.forward")
+    gather_labels = original("Sampler.gather_specific_token_logprobs")
+
+    def forward_noting_top_k(self, logits, sampling_metadata, *args, **kwargs):
+        self.probserve_top_k = sampling_metadata.max_num_logprobs
+        return forward(self, logits, sampling_metadata, *args, **kwargs)
+
+    def labels_beside_top_k(self, logprobs, logprob_token_ids, sampled):
+        labelled = gather_labels(self, logprobs, logprob_token_ids, sampled)
+        top_k = getattr(self, "probserve_top_k", None)
+        if labelled is None or top_k is None or top_k < 0:
+            return labelled
+        top = self.gather_logprobs(logprobs, top_k, token_ids=sampled)
+        width = max(labelled.logprobs.shape[1], top.logprobs.shape[1])
+        rows = torch.zeros((len(sampled), 1), dtype=torch.bool, device=logprobs.device)
+        rows[list(logprob_token_ids)] = True
+
+        def either(labels, others, fill):
+            widened = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+                       for t in (labels, others)]
+            return torch.where(rows, *widened)
+        return LogprobsTensors(either(labelled.logprob_token_ids.to(torch.int32),
+                                      top.logprob_token_ids.to(torch.int32), 0),
+                               either(labelled.logprobs, top.logprobs, float("-inf")),
+                               labelled.selected_token_ranks)
+
+    patched(TOUCH_POINTS[7], forward_noting_top_k)
+    patched(TOUCH_POINTS[8], labels_beside_top_k)
 
 
 # Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.

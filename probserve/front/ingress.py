@@ -9,6 +9,7 @@ Nothing invalid reaches a model replica: every check runs before any replica cal
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from probserve.api.request_models import (
 from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
 from probserve.config import AppConfig, Capabilities, ModelConfig
 from probserve.engine.wire import EngineRequest, EngineResult
-from probserve.errors import APIError, not_ready
+from probserve.errors import APIError, invalid, not_ready
+from probserve.front.batch_api import BatchAPI
 from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
 from probserve.front.http import event_stream, install_error_handlers, json_object, json_response
 from probserve.front.replica_client import ReplicaClient
@@ -44,7 +46,7 @@ from probserve.fullvocab.streamed import StreamedRows
 from probserve.gate import once
 from probserve.observe.availability import ReplicaStates, running_replicas
 from probserve.observe.metrics import RequestObserver
-from probserve.observe.request_log import ObservedRequests, RequestRecord
+from probserve.observe.request_log import ObservedRequests, RequestRecord, observed
 from probserve.tenants.access import Access
 from probserve.tenants.keyring import UNLIMITED, Tenant
 from probserve.tenants.usage import usage_body
@@ -60,7 +62,8 @@ app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-comp
 install_openapi(app)
 install_error_handlers(app)
 # Before the Ingress class: Ray Serve freezes the app when it decorates the class.
-app.add_middleware(ObservedRequests, observer=RequestObserver())
+OBSERVER = RequestObserver()
+app.add_middleware(ObservedRequests, observer=OBSERVER)
 
 
 @dataclass(frozen=True)
@@ -86,11 +89,27 @@ def record_of(request: Request) -> RequestRecord:
     return request.state.record
 
 
+def fits_a_batch(body: CompletionRequest | ChatRequest) -> None:
+    """A batch line's answer is one line of its output file."""
+    if body.stream:
+        raise invalid("stream", "a batch line cannot stream: its answer is one line of the output "
+                      "file; leave stream out", "invalid_batch_line")
+    if getattr(body, "prompt_logprobs", None) == -1:
+        raise invalid("prompt_logprobs", "the full vocabulary (prompt_logprobs: -1) is not offered in "
+                      "a batch: send it to /v1/completions online", "invalid_batch_line")
+
+
+def batch_answer(record: RequestRecord, status: int, body: dict, retry_after: str | None = None) -> dict:
+    record.status = status
+    return {"status": status, "body": body, "request_id": record.request_id,
+            "retry_after": int(retry_after) if retry_after else None}
+
+
 @serve.deployment
 @serve.ingress(app)
 class Ingress:
     def __init__(self, config: AppConfig, replicas: dict[str, DeploymentHandle],
-                 serializers: DeploymentHandle):
+                 serializers: DeploymentHandle, batch_runner: DeploymentHandle):
         self.config = config
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
         self.created = int(time.time())
@@ -100,6 +119,7 @@ class Ingress:
         self.engines = ReplicaClient(config, replicas, states)
         self.full_vocab = FullVocabResponses(config, serializers)
         self.viewer = ViewerFiles(config.ingress.ui)
+        self.batch = BatchAPI(config.batch, config.ingress.max_body_bytes, batch_runner)
 
     @app.get("/livez")
     async def live(self) -> Response:
@@ -153,27 +173,79 @@ class Ingress:
     async def completions(self, request: Request) -> Response:
         call = await self.parse(request, CompletionRequest, self.completion_rules)
         check_form(request, full_vocab=call.body.prompt_logprobs == -1)
-        admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab)
-        await self.charge(call, admitted)
+        admitted = await self.admit_completion(call)
         if call.body.stream:
             return await self.stream(call, admitted, CompletionStream)
         if call.body.prompt_logprobs == -1:
             return await self.full_vocab_response(request, call, admitted)
-        results = await self.send(call, admitted)
-        return json_response(completions.completion_response(
-            call.model.name, admitted.prompts, results, call.body, call.vocab))
+        return json_response(await self.completion_body(call, admitted))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         call = await self.parse(request, ChatRequest, self.chat_rules)
         check_form(request, full_vocab=False)
-        admitted = admission.admit_chat(call.body, call.caps, self.config.ingress, call.vocab)
-        await self.charge(call, admitted)
+        admitted = await self.admit_chat(call)
         if call.body.stream:
             return await self.stream(call, admitted, ChatStream)
-        (result,) = await self.send(call, admitted)
-        return json_response(chat.chat_response(call.model.name, admitted.prompts[0], result, call.body,
-                                                call.vocab))
+        return json_response(await self.chat_body(call, admitted))
+
+    async def batch_line(self, tenant_name: str, endpoint: str, body: dict) -> dict:
+        """One request line of a batch (probserve.batch.runner) for its tenant, through the
+        endpoint's own parse, admission and charge: its status, answer or refusal's envelope,
+        request id and the wait a refusal names."""
+        record = RequestRecord(request_id=uuid.uuid4().hex, method="POST", endpoint=f"batch {endpoint}")
+        with observed(record, OBSERVER):
+            try:
+                tenant = await self.access.admit_named(tenant_name, record)
+                if endpoint == "/v1/completions":
+                    call = self.call(tenant, record, body, CompletionRequest, self.completion_rules)
+                    fits_a_batch(call.body)
+                    answer = await self.completion_body(call, await self.admit_completion(call))
+                else:
+                    call = self.call(tenant, record, body, ChatRequest, self.chat_rules)
+                    fits_a_batch(call.body)
+                    answer = await self.chat_body(call, await self.admit_chat(call))
+                return batch_answer(record, 200, answer)
+            except APIError as error:
+                record.code = error.code
+                retry_after = (error.headers or {}).get("Retry-After")
+                return batch_answer(record, error.status, error.envelope(), retry_after)
+
+    @app.post("/v1/files")
+    async def upload_file(self, request: Request) -> Response:
+        return await self.batch.upload(request, await self.tenant_name(request))
+
+    @app.get("/v1/files")
+    async def list_files(self, request: Request, purpose: str | None = None) -> Response:
+        return self.batch.files(await self.tenant_name(request), purpose)
+
+    @app.get("/v1/files/{file_id}")
+    async def get_file(self, request: Request, file_id: str) -> Response:
+        return self.batch.file(await self.tenant_name(request), file_id)
+
+    @app.get("/v1/files/{file_id}/content")
+    async def file_content(self, request: Request, file_id: str) -> Response:
+        return self.batch.content(await self.tenant_name(request), file_id)
+
+    @app.delete("/v1/files/{file_id}")
+    async def delete_file(self, request: Request, file_id: str) -> Response:
+        return self.batch.delete(await self.tenant_name(request), file_id)
+
+    @app.post("/v1/batches")
+    async def create_batch(self, request: Request) -> Response:
+        return await self.batch.create(request, await self.tenant_name(request))
+
+    @app.get("/v1/batches")
+    async def list_batches(self, request: Request, after: str | None = None, limit: int = 20) -> Response:
+        return self.batch.batches(await self.tenant_name(request), after, limit)
+
+    @app.get("/v1/batches/{batch_id}")
+    async def get_batch(self, request: Request, batch_id: str) -> Response:
+        return self.batch.batch(await self.tenant_name(request), batch_id)
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(self, request: Request, batch_id: str) -> Response:
+        return await self.batch.cancel(await self.tenant_name(request), batch_id)
 
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
@@ -201,6 +273,10 @@ class Ingress:
         """Authenticated and within its request rate and in-flight bound, else 401 or 429."""
         return await self.access.admit(request.headers.get("authorization"), record_of(request))
 
+    async def tenant_name(self, request: Request) -> str:
+        await self.tenant(request)
+        return record_of(request).tenant
+
     def completion_rules(self, caps: Capabilities | None) -> dict[str, str]:
         return admission.rules(caps, self.config.ingress)
 
@@ -209,10 +285,15 @@ class Ingress:
 
     async def parse(self, request: Request, kind: type[StrictRequest],
                     rules: Callable[[Capabilities | None], dict[str, str]]) -> Call:
-        """The caller's tenant, then the body parsed strictly, with the field rules of its
-        model as this tenant has it (the model is recorded even if the rest is refused)."""
+        """The caller's tenant, then its body (`call`)."""
         tenant, record = await self.tenant(request), record_of(request)
         raw = await json_object(request, self.config.ingress.max_body_bytes)
+        return self.call(tenant, record, raw, kind, rules)
+
+    def call(self, tenant: Tenant, record: RequestRecord, raw: dict, kind: type[StrictRequest],
+             rules: Callable[[Capabilities | None], dict[str, str]]) -> Call:
+        """The body parsed strictly for its tenant, with the field rules of its model as this
+        tenant has it (the model is recorded even if the rest is refused)."""
         named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
         named = named if named and tenant.allows(named.name) else None
         if named:
@@ -221,6 +302,25 @@ class Ingress:
         model = self.model(body.model, tenant)
         return Call(tenant, body, model, self.vocabularies[model.name],
                     tenant.capabilities(model.capabilities), record)
+
+    async def admit_completion(self, call: Call) -> Admitted:
+        admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab)
+        await self.charge(call, admitted)
+        return admitted
+
+    async def admit_chat(self, call: Call) -> Admitted:
+        admitted = admission.admit_chat(call.body, call.caps, self.config.ingress, call.vocab)
+        await self.charge(call, admitted)
+        return admitted
+
+    async def completion_body(self, call: Call, admitted: Admitted) -> dict:
+        results = await self.send(call, admitted)
+        return completions.completion_response(call.model.name, admitted.prompts, results, call.body,
+                                               call.vocab)
+
+    async def chat_body(self, call: Call, admitted: Admitted) -> dict:
+        (result,) = await self.send(call, admitted)
+        return chat.chat_response(call.model.name, admitted.prompts[0], result, call.body, call.vocab)
 
     async def charge(self, call: Call, admitted: Admitted) -> None:
         """The request's prompt tokens, recorded and charged to its tenant's rate."""

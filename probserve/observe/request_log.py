@@ -13,6 +13,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Protocol
 
@@ -116,11 +117,10 @@ class ObservedRequests:
         record = RequestRecord(request_id=headers.get(REQUEST_ID_HEADER, b"").decode("latin1"),
                                method=scope["method"])
         scope.setdefault("state", {})["record"] = record
-        self.observer.started(record)
         error_body = bytearray()
         ended = False
 
-        async def observed(message: Message) -> None:
+        async def observed_send(message: Message) -> None:
             nonlocal ended
             if message["type"] == "http.response.start":
                 record.status = message["status"]
@@ -134,22 +134,36 @@ class ObservedRequests:
                     error_body.extend(body)
             await send(message)
 
-        try:
-            await self.app(scope, receive, observed)
-        except BaseException as error:
-            record.code = record.code or (STREAM_FAILED if isinstance(error, Exception)
-                                          else CLIENT_CLOSED)
-            raise
-        finally:
-            record.endpoint = getattr(scope.get("route"), "path", record.endpoint)
-            if error_body and not record.code:
-                record.code = error_code(bytes(error_body))
-            if not ended and not record.code:  # the server stopped sending: the client left
-                record.code = CLIENT_CLOSED
-            record.duration_s = self.clock() - started
-            for action in record.on_finish:
-                run_safely(action)
-            self.observer.finished(record)
+        with observed(record, self.observer, self.clock, started):
+            try:
+                await self.app(scope, receive, observed_send)
+            except BaseException as error:
+                record.code = record.code or (STREAM_FAILED if isinstance(error, Exception)
+                                              else CLIENT_CLOSED)
+                raise
+            finally:
+                record.endpoint = getattr(scope.get("route"), "path", record.endpoint)
+                if error_body and not record.code:
+                    record.code = error_code(bytes(error_body))
+                if not ended and not record.code:  # the server stopped sending: the client left
+                    record.code = CLIENT_CLOSED
+
+
+@contextmanager
+def observed(record: RequestRecord, observer: Observer, clock: Callable[[], float] = time.monotonic,
+             started: float | None = None):
+    """A request handed to the observer as it starts, then timed from `started` (now if None),
+    its after-request actions run and handed over again: an HTTP request (the middleware) or a
+    batch line (probserve.batch.runner)."""
+    started = clock() if started is None else started
+    observer.started(record)
+    try:
+        yield record
+    finally:
+        record.duration_s = clock() - started
+        for action in record.on_finish:
+            run_safely(action)
+        observer.finished(record)
 
 
 def with_headers(start: Message, headers: dict[str, str]) -> Message:

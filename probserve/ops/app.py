@@ -3,6 +3,7 @@ files (`import_path: probserve.ops.app:build_app`, with the AppConfig as `args`)
 
 from ray.serve import Application, Deployment
 
+from probserve.batch.runner import BatchRunner
 from probserve.config import AppConfig, model_deployment_name
 from probserve.engine.replica import ModelReplica
 from probserve.front.ingress import Ingress
@@ -32,8 +33,9 @@ def build_app(args: dict, replica: Deployment | None = None) -> Application:
         autoscaling_config=pool.autoscaling_config,
         ray_actor_options=pool.ray_actor_options,
     ).bind(config)
+    runner = BatchRunner.options(ray_actor_options=config.batch.ray_actor_options).bind(config)
     return Ingress.options(
         max_ongoing_requests=config.ingress.max_ongoing_requests,
         autoscaling_config=config.ingress.autoscaling_config,
         ray_actor_options=config.ingress.ray_actor_options,
-    ).bind(config, replicas, serializers)
+    ).bind(config, replicas, serializers, runner)

@@ -10,7 +10,7 @@ from limits.storage import storage_from_string
 from probserve.config import TenancyConfig
 from probserve.errors import APIError
 from probserve.observe.request_log import RequestRecord
-from probserve.tenants.keyring import ANONYMOUS, UNLIMITED, Tenant, WatchedKeyring
+from probserve.tenants.keyring import ANONYMOUS, UNLIMITED, Keyring, Tenant, WatchedKeyring
 from probserve.tenants.quotas import RateLimits, TenantQueues, request_tokens
 from probserve.tenants.usage import MemoryUsage, RedisUsage, counts
 
@@ -44,6 +44,17 @@ class Access:
         the response is over."""
         keyring = self.keyring.current() if self.keyring else None  # one version for both
         name = keyring.tenant(authorization) if keyring else ANONYMOUS
+        return await self.admit_tenant(name, keyring, record)
+
+    async def admit_named(self, name: str, record: RequestRecord) -> Tenant:
+        """A batch line's tenant, named when its batch was created, admitted as its own
+        requests are (its limits bound its batches too); 403 once the key file no longer has it."""
+        keyring = self.keyring.current() if self.keyring else None
+        if keyring and name not in keyring.tenants:
+            raise APIError(403, "tenant_removed", f"tenant {name!r} is no longer in the key file")
+        return await self.admit_tenant(name, keyring, record)
+
+    async def admit_tenant(self, name: str, keyring: Keyring | None, record: RequestRecord) -> Tenant:
         record.tenant = name
         tenant = keyring.tenants[name] if keyring else UNLIMITED
         record.on_finish.append(lambda: self.account(tenant, record))  # refusals count too

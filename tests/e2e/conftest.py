@@ -43,6 +43,7 @@ MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefi
 # so 256 MiB holds 11,000. vLLM allocates it all at start, and the session's engines, with
 # the tests' own, would otherwise fill this machine's memory and evict its page cache.
 TINY_KV_GIB, SMOLLM2_KV_GIB = 1 / 16, 1 / 4
+BATCH_MAX_FILE_BYTES = 1 << 20
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
@@ -79,6 +80,8 @@ CONFIG = {
     "serializer_pool": {"chunk_positions": 8, "autoscaling_config": {"min_replicas": 2,
                                                                     "max_replicas": 2},
                         "ray_actor_options": {"num_cpus": 0.1}},
+    # Uploads of at most a MiB, so that one past the cap is cheap to send (test_batch.py).
+    "batch": {"max_file_bytes": BATCH_MAX_FILE_BYTES},
 }
 
 
@@ -101,7 +104,7 @@ def metrics_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def base_url(metrics_port):
+def base_url(metrics_port, tmp_path_factory):
     # Ray's processes report their metrics to the node's agent every 2 s instead of 10, so
     # that the metrics tests wait less for what they sent to show (every second costs the
     # tenancy test's flood measurable CPU).
@@ -110,8 +113,10 @@ def base_url(metrics_port):
     # spinning, so one engine's steps do not starve another's start (a replica added under
     # load started in 65 s instead of 92 s).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    url = local_ray.start(CONFIG, port=free_port(), log_to_driver=False, metrics_port=metrics_port,
-                          replica=INSPECTED_REPLICA)
+    # The session's batches and files in a folder of its own, never one a run before left.
+    batch = {**CONFIG["batch"], "storage": str(tmp_path_factory.mktemp("batch"))}
+    url = local_ray.start({**CONFIG, "batch": batch}, port=free_port(), log_to_driver=False,
+                          metrics_port=metrics_port, replica=INSPECTED_REPLICA)
     yield url
     local_ray.stop()
 

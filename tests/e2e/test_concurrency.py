@@ -90,3 +90,22 @@ def test_a_request_among_fifty_others_gets_its_numbers_alone(base_url, capsys):
     assert difference <= 1e-4
     with capsys.disabled():
         print(f"\nalone vs among 50: {len(expected)} logprobs, largest difference {difference:.2e}")
+
+
+def test_labels_among_echoed_prompts_get_their_numbers_alone(base_url):
+    """Label scoring at a generated position, its engine steps shared with requests that echo
+    their prompts with a top-k."""
+    labels = {"model": MODEL, "prompt": "A label follows:", "max_tokens": 1, "temperature": 0,
+              "logprob_token_ids": [5, 17]}
+    echoed = {"model": MODEL, "max_tokens": 2, "temperature": 0, "echo": True, "logprobs": 2}
+    status, alone = post(base_url, labels)
+    assert status == 200
+    expected = orjson.loads(alone)["choices"][0]["logprobs"]["top_logprobs"]
+    bodies = [labels if i % 4 == 0 else {**echoed, "prompt": f"Line {i} of the batch says {i * 3} things."}
+              for i in range(32)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda body: post(base_url, body), bodies))
+    for body, (status, content) in zip(bodies, answers, strict=True):
+        assert status == 200
+        if body is labels:
+            assert close(expected, orjson.loads(content)["choices"][0]["logprobs"]["top_logprobs"]), content

@@ -49,6 +49,16 @@ PROVOCATIONS = {
     "request_too_large": ("POST", "/v1/completions",
                           {"content": b'{"prompt": "' + b"a" * (17 << 20) + b'"}', "headers": JSON},
                           413, None),
+    "file_not_found": ("GET", "/v1/files/file-" + "0" * 32, {}, 404, "file_id"),
+    "batch_not_found": ("GET", "/v1/batches/batch_" + "0" * 32, {}, 404, "batch_id"),
+    "invalid_upload": ("POST", "/v1/files", {"content": b"--b\r\nnot a part", "headers":
+                                             {"content-type": "multipart/form-data; boundary=b"}}, 400, None),
+    "missing_file": ("POST", "/v1/files", {"content": b'--b\r\nContent-Disposition: form-data; name="purpose"'
+                                           b"\r\n\r\nbatch\r\n--b--\r\n",
+                                           "headers": {"content-type": "multipart/form-data; boundary=b"}},
+                     400, "file"),
+    "invalid_purpose": ("POST", "/v1/files", {"data": {"purpose": "fine-tune"},
+                                              "files": {"file": ("x.jsonl", b"{}")}}, 400, "purpose"),
     "unsupported_media_type": ("POST", "/v1/completions",
                                {"content": b"model=x", "headers": {"content-type": "text/plain"}},
                                415, None),
@@ -57,6 +67,9 @@ PROVOCATIONS = {
 NOT_PROVOKABLE_OVER_HTTP = {"internal_error", "not_ready"}
 # Codes that only many requests together provoke: tests/e2e/test_overload.py.
 PROVOKED_BY_BURSTS = {"overloaded"}
+# Codes of batches and their files: tests/e2e/test_batch.py (tenant_removed: the unit tests).
+PROVOKED_BY_BATCHES = {"file_too_large", "invalid_file_purpose", "invalid_batch_line", "file_in_use",
+                       "batch_not_cancellable", "tenant_removed"}
 # Codes of the application with keys: tests/e2e/test_tenancy.py.
 PROVOKED_WITH_KEYS = {"missing_api_key", "invalid_api_key", "rate_limit_exceeded",
                       "rate_limit_unavailable", "usage_unavailable"}
@@ -68,7 +81,7 @@ def documented_codes() -> set[str]:
 
 def test_every_documented_code_is_tested():
     assert documented_codes() == (set(PROVOCATIONS) | NOT_PROVOKABLE_OVER_HTTP | PROVOKED_BY_BURSTS
-                                  | PROVOKED_WITH_KEYS)
+                                  | PROVOKED_WITH_KEYS | PROVOKED_BY_BATCHES)
 
 
 @pytest.mark.parametrize("code", sorted(PROVOCATIONS))

@@ -34,7 +34,7 @@ GREEDY = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4,
 
 def serve_config(port: int) -> dict:
     """The layout of deployments/production.yaml in small: the model on its group's nodes,
-    ingress and pool on the CPU group's (here the head), Serve's proxy on the head."""
+    ingress, pool and batch runner on the CPU group's (here the head), Serve's proxy on the head."""
     on_cpu_group = {"num_cpus": 0.1, "resources": {"probserve-cpu": 1}}
     return {
         "proxy_location": "HeadOnly",
@@ -45,7 +45,8 @@ def serve_config(port: int) -> dict:
                                           "health_check_period_s": 2, "cpu_kv_cache_gib": TINY_KV_GIB,
                                           "ray_actor_options": {"num_cpus": 0.5, "resources": MODEL_GROUP}}],
                               "ingress": {"ray_actor_options": on_cpu_group},
-                              "serializer_pool": {"ray_actor_options": on_cpu_group}}}],
+                              "serializer_pool": {"ray_actor_options": on_cpu_group},
+                              "batch": {"ray_actor_options": on_cpu_group}}}],
     }
 
 

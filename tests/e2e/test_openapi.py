@@ -20,7 +20,8 @@ def test_openapi_describes_the_completion_request(http):
 
 @pytest.mark.parametrize("path, model", [("/v1/chat/completions", "ChatRequest"),
                                          ("/tokenize", "TokenizeRequest"),
-                                         ("/detokenize", "DetokenizeRequest")])
+                                         ("/detokenize", "DetokenizeRequest"),
+                                         ("/v1/batches", "BatchRequest")])
 def test_every_endpoint_has_its_request_model(http, path, model):
     document = http.get("/openapi.json").json()
     body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]

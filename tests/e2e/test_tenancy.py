@@ -13,6 +13,7 @@ import uuid
 
 import httpx
 import numpy as np
+import orjson
 import pytest
 from ray import serve
 from selenium.webdriver.support.ui import Select
@@ -88,7 +89,7 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(base_url, redis_server, keys):
+def url(base_url, redis_server, keys, tmp_path_factory):
     tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": TINY_KV_GIB,
             "ray_actor_options": {"num_cpus": 0.01}}
     # The second model is only listed and refused here, never sent to: scaled to zero, it
@@ -99,7 +100,9 @@ def url(base_url, redis_server, keys):
                         "ray_actor_options": {"num_cpus": 0.01}},
             "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}},
             "tenancy": {"key_file": str(keys["key_file"]), "secret_file": str(keys["secret_file"]),
-                        "reload_s": 1, "storage": f"redis://127.0.0.1:{redis_server.port}/0"}}
+                        "reload_s": 1, "storage": f"redis://127.0.0.1:{redis_server.port}/0"},
+            "batch": {"storage": str(tmp_path_factory.mktemp("tenancy-batch")),
+                      "ray_actor_options": {"num_cpus": 0.01}}}
     serve.run(build_app(args), name=APP, route_prefix=PREFIX)
     yield f"{base_url}{PREFIX}"
     serve.delete(APP)
@@ -289,6 +292,32 @@ def test_the_request_rate_resets_after_its_window(url, keys, alpha_refusal):
         time.sleep(2)
     assert answer.status_code == 200
     assert time.monotonic() - refused_at >= retry_after - 1, "the window reset early"
+
+
+def test_a_tenant_s_files_and_batches_are_its_own_and_its_batch_counts_in_its_usage(url, keys):
+    beta, others = as_(keys, "beta"), [as_(keys, "flood"), {}]
+    before = httpx.get(f"{url}/v1/usage", headers=beta).json()
+    lines = b"".join(orjson.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/completions",
+                                   "body": {"model": TINY, "prompt": list(range(10, 20)), "max_tokens": 1}})
+                     + b"\n" for i in range(3))
+    uploaded = httpx.post(f"{url}/v1/files", headers=beta, data={"purpose": "batch"},
+                          files={"file": ("in.jsonl", lines)}).json()
+    batch = httpx.post(f"{url}/v1/batches", headers=beta, json={
+        "input_file_id": uploaded["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()
+    for headers in others:  # another tenant, and no key at all
+        for path in (f"/v1/files/{uploaded['id']}", f"/v1/files/{uploaded['id']}/content",
+                     f"/v1/batches/{batch['id']}"):
+            assert httpx.get(f"{url}{path}", headers=headers).status_code == (404 if headers else 401), path
+    listed = httpx.get(f"{url}/v1/files", headers=others[0]).json()["data"]
+    assert uploaded["id"] not in {f["id"] for f in listed}
+    deadline, batch_url = time.monotonic() + 60, f"{url}/v1/batches/{batch['id']}"
+    while (batch := httpx.get(batch_url, headers=beta).json())["status"] != "completed":
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    time.sleep(1)  # usage is added once each line is over
+    after = httpx.get(f"{url}/v1/usage", headers=beta).json()
+    assert after["prompt_tokens"] - before["prompt_tokens"] == 3 * 10
+    assert after["generated_tokens"] - before["generated_tokens"] == 3
 
 
 def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tmp_path):

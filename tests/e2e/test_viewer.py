@@ -332,13 +332,15 @@ def test_a_refusal_shows_the_envelope(http, page):
 
 
 @pytest.fixture(scope="module")
-def switched_off(base_url):
+def switched_off(base_url, tmp_path_factory):
     """A second application with the viewer switched off; its one model, scaled to zero, costs
     no engine."""
     model = {"name": MODEL, "cpu_kv_cache_gib": TINY_KV_GIB,
              "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
     args = {"models": [model], "ingress": {"ui": False, "ray_actor_options": {"num_cpus": 0.01}},
-            "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}}}
+            "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}},
+            "batch": {"storage": str(tmp_path_factory.mktemp("no-viewer-batch")),
+                      "ray_actor_options": {"num_cpus": 0.01}}}
     serve.run(build_app(args), name="no-viewer", route_prefix="/no-viewer")
     yield f"{base_url}/no-viewer"
     serve.delete("no-viewer")

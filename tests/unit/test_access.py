@@ -70,3 +70,18 @@ def test_without_a_key_file_every_request_is_one_unlimited_tenant():
         tenant = await access.admit(None, admitted)
         assert admitted.tenant == "" and tenant.allows("any model") and admitted.response_headers == {}
     asyncio.run(run())
+
+
+def test_a_batch_line_is_admitted_as_its_tenant_s_own_requests_are(tmp_path):
+    async def run():
+        access, _ = access_with_keys(tmp_path)
+        line = record()
+        tenant = await access.admit_named("a", line)
+        assert line.tenant == "a" and tenant.limits.max_in_flight == 1
+        with pytest.raises(APIError) as caught:  # its in-flight bound holds for batch lines too
+            await access.admit_named("a", record())
+        assert caught.value.status == 429
+        with pytest.raises(APIError) as caught:
+            await access.admit_named("gone", record())
+        assert (caught.value.status, caught.value.code) == (403, "tenant_removed")
+    asyncio.run(run())

@@ -21,10 +21,12 @@ FILES = sorted(Path(__file__).resolve().parents[2].glob("deployments/*.yaml"))
 
 
 def deployments(args: dict) -> dict:
-    """The application's deployments by name: the ingress, its models, the pool."""
+    """The application's deployments by name: the ingress, its models, the pool, the batch
+    runner."""
     ingress = build_app(args)._bound_deployment
-    _, models, pool = ingress.init_args
-    bound = [ingress, pool._bound_deployment, *(app._bound_deployment for app in models.values())]
+    _, models, pool, runner = ingress.init_args
+    bound = [ingress, pool._bound_deployment, runner._bound_deployment,
+             *(app._bound_deployment for app in models.values())]
     return {deployment.name: deployment for deployment in bound}
 
 
@@ -42,7 +44,8 @@ def test_the_file_builds_what_it_says(path):
     config = AppConfig.model_validate(args)
     built = deployments(args)
     models = {model_deployment_name(model.name) for model in config.models}
-    assert set(built) == {"Ingress", "SerializerPool", *models}
+    assert set(built) == {"Ingress", "SerializerPool", "BatchRunner", *models}
+    assert built["BatchRunner"].ray_actor_options == config.batch.ray_actor_options
     assert_deployed_as(built["Ingress"], config.ingress.autoscaling_config, config.ingress.ray_actor_options,
                        config.ingress.max_ongoing_requests)
     pool = config.serializer_pool
@@ -59,7 +62,7 @@ def test_production_places_models_on_their_groups_and_the_rest_on_cpu_nodes():
     args, http, _ = serve_config(Path(FILES[0]).parent / "production.yaml")
     built = deployments(args)
     assert http["host"] == "0.0.0.0"
-    for name in ("Ingress", "SerializerPool"):
+    for name in ("Ingress", "SerializerPool", "BatchRunner"):
         assert built[name].ray_actor_options["resources"] == {"probserve-cpu": 1}
     models = [d for name, d in built.items() if name.startswith("Model-")]
     assert len(models) >= 2
@@ -72,9 +75,10 @@ def test_production_places_models_on_their_groups_and_the_rest_on_cpu_nodes():
 def test_one_machine_declares_the_node_groups_a_file_asks_for():
     args, _, _ = serve_config(Path(FILES[0]).parent / "production.yaml")
     cpus, resources = logical_resources(AppConfig.model_validate(args))
-    # ingress 1 x 8, pool 1 x 16, models 4 x (4 + 2 + 2): every deployment at its largest
-    assert cpus == 8 + 16 + 32 + 1
-    assert resources == {"probserve-cpu": 24, "probserve-model-llama-3.1-8b": 4,
+    # ingress 1 x 8, pool 1 x 16, batch runner 0.5, models 4 x (4 + 2 + 2): every deployment
+    # at its largest
+    assert cpus == 8 + 16 + 1 + 32 + 1
+    assert resources == {"probserve-cpu": 25, "probserve-model-llama-3.1-8b": 4,
                          "probserve-model-qwen2.5-7b-instruct": 2, "probserve-model-mistral-7b-instruct": 2}
 
 

@@ -13,7 +13,7 @@ LAYERS = [
     {"config", "errors", "gate", "vllm_constants"},
     {"observe"},
     {"engine", "tenants"},
-    {"fullvocab", "api"},
+    {"fullvocab", "api", "batch"},
     {"front"},
     {"ops"},
 ]

@@ -127,6 +127,26 @@ def test_labels_replace_the_top_k_and_keep_the_true_rank():
     assert top_k.logprob_token_ids.tolist() == [[2, 0, 2], [0, 3, 2]]
 
 
+def test_labels_and_a_top_k_in_one_step_each_reach_their_own_request():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    sampler = Sampler()
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0],
+                                               [1.0, 3.0, 0.0, 2.0]]), dim=-1)
+    sampled = torch.tensor([0, 3, 1])
+    sampler.probserve_top_k = 2  # the step's widest top-k, as forward notes it
+    gathered = sampler.gather_specific_token_logprobs(logprobs, {1: [2, 0, 1]}, sampled)
+    # Row 1 asked for labels: its sampled token, then them; rows 0 and 2 their top 2 (padded).
+    assert gathered.logprob_token_ids.tolist() == [[0, 0, 2, 0], [3, 2, 0, 1], [1, 1, 3, 0]]
+    assert torch.equal(gathered.logprobs[1], logprobs[1, [3, 2, 0, 1]])
+    assert torch.equal(gathered.logprobs[0, :3], logprobs[0, [0, 0, 2]])
+    assert gathered.logprobs[0, 3] == float("-inf")
+    sampler.probserve_top_k = None  # a step of labels alone: vLLM's own gather
+    alone = sampler.gather_specific_token_logprobs(logprobs, {1: [2, 0, 1]}, sampled)
+    assert alone.logprob_token_ids[1].tolist() == [3, 2, 0, 1] and alone.logprobs[0, 1] == float("-inf")
+
+
 def test_registering_twice_patches_once():
     register()
     from vllm.v1.sample.sampler import Sampler
