@@ -10,6 +10,7 @@ from probserve.errors import APIError
 
 WINDOW_S = {"24h": 24 * 3600}
 FINISHED = ("failed", "completed", "expired", "cancelled")
+STATUSES = ("validating", "in_progress", "finalizing", "cancelling", *FINISHED)
 MAX_PAGE = 100
 
 

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from probserve.batch.lines import RequestLine
 from probserve.batch.storage import Storage
 from probserve.config import AppConfig, BatchConfig
 from probserve.errors import APIError
+from probserve.observe.metrics import BatchMetrics
 
 logger = logging.getLogger("probserve.batch")
 RETRIED = (429, 503)
@@ -32,8 +34,10 @@ SAVE_EVERY_S = 1.0  # the record's counts, written at most this often while a ba
 class BatchRun:
     """One batch being worked through."""
 
-    def __init__(self, storage: Storage, tenant: str, record: dict, ingress, config: BatchConfig):
+    def __init__(self, storage: Storage, tenant: str, record: dict, ingress, config: BatchConfig,
+                 observe: Callable[[str, str, int], None] = lambda endpoint, outcome, tokens: None):
         self.storage, self.tenant, self.record, self.ingress = storage, tenant, record, ingress
+        self.observe = observe  # each line: its endpoint, outcome and prompt tokens
         self.max_lines = config.max_lines
         self.work = storage.work_folder(tenant, record["id"])
         self.output, self.errors = self.work / "output.jsonl", self.work / "errors.jsonl"
@@ -94,7 +98,9 @@ class BatchRun:
             sink.write(lines.result_line(line.custom_id, answer["request_id"], answer["status"],
                                          answer["body"]))
             sink.flush()
-            self.record["request_counts"]["completed" if sink is output else "failed"] += 1
+            outcome = "completed" if sink is output else "failed"
+            self.record["request_counts"][outcome] += 1
+            self.observe(self.record["endpoint"], outcome, prompt_tokens(answer["body"]))
             self.save(force=False)
         finally:
             self.slots.release()
@@ -142,6 +148,10 @@ class BatchRun:
         return self.storage.record_file(self.tenant, file_id, path, name, "batch_output")["id"]
 
 
+def prompt_tokens(body: dict) -> int:
+    return (body.get("usage") or {}).get("prompt_tokens", 0)
+
+
 def errors_list(problems: list[dict]) -> dict:
     return {"object": "list", "data": problems}
 
@@ -154,6 +164,7 @@ class BatchRunner:
         self.runs: dict[tuple[str, str], BatchRun] = {}
         self.tasks: set[asyncio.Task] = set()
         self.app_name = serve.get_replica_context().app_name
+        self.metrics = BatchMetrics()
 
     async def start(self, tenant: str, batch_id: str) -> None:
         """Works through the batch, from where it stands, unless it is already running."""
@@ -163,7 +174,7 @@ class BatchRunner:
         if records.is_finished(record):
             return
         ingress = serve.get_deployment_handle("Ingress", self.app_name)
-        run = BatchRun(self.storage, tenant, record, ingress, self.config)
+        run = BatchRun(self.storage, tenant, record, ingress, self.config, self.metrics.line)
         self.runs[tenant, batch_id] = run
         task = asyncio.get_running_loop().create_task(self.watched(run))
         self.tasks.add(task)
@@ -194,7 +205,11 @@ class BatchRunner:
         return run.record
 
     async def check_health(self) -> None:
-        """Every few seconds: the batches left unfinished (a restart, a lost start) resume."""
+        """Every few seconds: the batches left unfinished (a restart, a lost start) resume,
+        and the batches by status are counted."""
+        counts = dict.fromkeys(records.STATUSES, 0)
         for tenant, record in self.storage.all_batches():
+            counts[record["status"]] += 1
             if not records.is_finished(record):
                 await self.start(tenant, record["id"])
+        self.metrics.counted(counts)

@@ -81,6 +81,15 @@ METRICS = [
            "Full-vocabulary bytes as sent (encoding: gzip or identity)"),
     Metric("probserve_serializer_chunks_in_progress", "gauge", (),
            "Chunks a serializer pool worker holds: being written or waiting for its thread"),
+    # Batch runner: one observation per batch line; the batches by status every few seconds.
+    Metric("probserve_batch_lines_total", "counter", ("endpoint", "outcome"),
+           "Batch lines finished, by outcome: completed (in the output file) or failed (in the "
+           "error file)"),
+    Metric("probserve_batch_prompt_tokens_total", "counter", ("endpoint",),
+           "Prompt tokens of the batch lines answered"),
+    Metric("probserve_batches", "gauge", ("status",),
+           "Batches in storage by status (validating, in_progress, finalizing, cancelling, "
+           "completed, failed, cancelled, expired)"),
 ]
 BY_NAME = {metric.name: metric for metric in METRICS}
 
@@ -236,3 +245,21 @@ class PoolMetrics:
         self.rows.inc(rows, tags)
         self.written.inc(written, tags)
         self.sent.inc(sent, {**tags, "encoding": encoding})
+
+
+class BatchMetrics:
+    def __init__(self):
+        self.lines = recorder("probserve_batch_lines_total")
+        self.tokens = recorder("probserve_batch_prompt_tokens_total")
+        self.batches = recorder("probserve_batches")
+
+    def line(self, endpoint: str, outcome: str, prompt_tokens: int) -> None:
+        self.lines.inc(1, {"endpoint": endpoint, "outcome": outcome})
+        if prompt_tokens:
+            self.tokens.inc(prompt_tokens, {"endpoint": endpoint})
+
+    def counted(self, batches: dict[str, int]) -> None:
+        """Set every few seconds (the runner's health check), zeros included: a gauge not set
+        within two of Ray's report intervals is no longer exported."""
+        for status, count in batches.items():
+            self.batches.set(count, {"status": status})

@@ -2,8 +2,10 @@
 service: a batch uploaded, created, polled and downloaded, its answers those the online API
 gives the same bodies; invalid lines in the error file with the online envelope, the others
 run; a file that fails its check fails the batch; a cancelled batch stops and keeps what it
-did; the batch runner killed mid-batch, and every line still exactly once in the output."""
+did; the batch runner, or the model's engine, killed mid-batch, and every line still exactly
+once in the output."""
 
+import signal
 import time
 
 import httpx
@@ -15,8 +17,9 @@ import pytest
 from probserve.ops.chaos import kill_one
 from probserve.ops.local_ray import APP_NAME
 from probserve.store.model_store import SMOLLM2
-from tests.e2e.conftest import BATCH_MAX_FILE_BYTES, MAX_LOGPROBS, MODEL
+from tests.e2e.conftest import BATCH_MAX_FILE_BYTES, MAX_LOGPROBS, MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.test_faults import engine_core
 
 pytestmark = pytest.mark.e2e
 
@@ -174,12 +177,16 @@ def test_a_file_no_line_of_which_can_be_told_apart_fails_the_batch(client):
                               completion_window="24h")
 
 
-def long_batch(client, count: int) -> str:
-    lines = [request_line(f"line-{i}", scoring(f"Sentence {i}: " + "the words go on and on " * 12))
-             for i in range(count)]
-    uploaded = client.files.create(file=("long.jsonl", jsonl(lines)), purpose="batch")
+def started_batch(client, bodies: dict[str, dict]) -> str:
+    lines = [request_line(custom_id, body) for custom_id, body in bodies.items()]
+    uploaded = client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch")
     return client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
                                  completion_window="24h").id
+
+
+def long_batch(client, count: int) -> str:
+    return started_batch(client, {f"line-{i}": scoring(f"Sentence {i}: " + "the words go on and on " * 12)
+                                  for i in range(count)})
 
 
 def wait_for_progress(client, batch_id: str, done: int) -> None:
@@ -215,3 +222,22 @@ def test_a_batch_survives_its_runner_killed_with_every_line_once(client):
     output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
     assert set(output) == {f"line-{i}" for i in range(count)} and errors == {}
     assert batch.request_counts.model_dump() == {"total": count, "completed": count, "failed": 0}
+
+
+def test_a_batch_survives_its_model_s_engine_killed_with_every_line_once(client, http):
+    """The lines in flight get 503 `not_ready` while Ray Serve replaces the replica, and the
+    runner sends them again after the wait the refusal names; the small queue of this model
+    refuses some lines with 503 `overloaded` all along, retried the same way."""
+    count = 40
+    bodies = {f"line-{i}": {**scoring(f"Sentence {i} goes on for a while."), "model": SMALL_QUEUE_MODEL}
+              for i in range(count)}
+    batch_id = started_batch(client, bodies)
+    wait_for_progress(client, batch_id, 5)
+    engine_core().send_signal(signal.SIGKILL)
+    batch = finished(client, batch_id)
+    assert batch.status == "completed", batch
+    output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
+    assert set(output) == set(bodies) and errors == {}
+    for custom_id in ("line-0", f"line-{count - 1}"):
+        assert_same_numbers(output[custom_id]["response"]["body"],
+                            http.post("/v1/completions", json=bodies[custom_id]).json())

@@ -8,12 +8,14 @@ import subprocess
 import time
 
 import httpx
+import openai
 import pytest
 
 from probserve.observe.metrics import METRICS
 from probserve.ops.dashboard import PANELS, dashboard_text
 from tests.e2e.conftest import MODEL
 from tests.e2e.prometheus import GRAFANA, SCRAPE_INTERVAL_S
+from tests.e2e.test_batch import request_line, run_batch, scoring
 
 SETTLE_S = 30  # Ray's report interval (1 s in the tests) plus scrapes, with room to spare
 WORKLOAD_MODEL = f'model="{MODEL}"'
@@ -146,8 +148,12 @@ def as_run_by_grafana(expr: str) -> str:
 
 @pytest.fixture(scope="module")
 def exported(http, prometheus, base_url):
-    """Every metric name Prometheus holds once a workload of every kind has been scraped."""
+    """Every metric name Prometheus holds once a workload of every kind, a batch included, has
+    been scraped."""
     workload(http)
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
+        lines = [request_line(str(i), scoring(unique_prompt(8))) for i in range(2)]
+        assert run_batch(client, lines).status == "completed"
     time.sleep(5)
     return prometheus.metric_names()
 

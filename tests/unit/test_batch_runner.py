@@ -40,7 +40,8 @@ class FakeIngress:
         if body["prompt"] == "bad":
             return {"status": 400, "body": {"error": {"code": "invalid_request"}}, "request_id": "r",
                     "retry_after": None}
-        return {"status": 200, "body": {"echo": body["prompt"]}, "request_id": "r", "retry_after": None}
+        return {"status": 200, "body": {"echo": body["prompt"], "usage": {"prompt_tokens": 2}},
+                "request_id": "r", "retry_after": None}
 
 
 def batch_of(storage: Storage, prompts: list[str]) -> dict:
@@ -55,9 +56,11 @@ def batch_of(storage: Storage, prompts: list[str]) -> dict:
     return record
 
 
-def run(storage: Storage, record: dict, ingress: FakeIngress, lines_in_flight: int = 3) -> BatchRun:
+def run(storage: Storage, record: dict, ingress: FakeIngress, lines_in_flight: int = 3,
+        observed: list | None = None) -> BatchRun:
     batch = BatchRun(storage, TENANT, storage.batch(TENANT, record["id"]), ingress,
-                     BatchConfig(lines_in_flight=lines_in_flight))
+                     BatchConfig(lines_in_flight=lines_in_flight),
+                     lambda *line: observed.append(line) if observed is not None else None)
     asyncio.run(batch.run())
     return batch
 
@@ -76,8 +79,9 @@ def storage(tmp_path):
 
 def test_every_line_is_answered_once_and_a_wait_is_retried(storage):
     prompts = ["a", "b", "wait", "bad", "c"]
-    ingress = FakeIngress(waits=2)
-    done = storage.batch(TENANT, run(storage, batch_of(storage, prompts), ingress).record["id"])
+    ingress, observed = FakeIngress(waits=2), []
+    batch = run(storage, batch_of(storage, prompts), ingress, observed=observed)
+    done = storage.batch(TENANT, batch.record["id"])
     assert done["status"] == "completed"
     assert done["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
     output = result_lines(storage, done["output_file_id"])
@@ -87,6 +91,7 @@ def test_every_line_is_answered_once_and_a_wait_is_retried(storage):
     assert errors["id-3"]["status_code"] == 400
     assert ingress.sent.count("wait") == 3 and len(ingress.sent) == 7
     assert storage.file(TENANT, done["output_file_id"])["purpose"] == "batch_output"
+    assert sorted(observed) == [("/v1/completions", "completed", 2)] * 4 + [("/v1/completions", "failed", 0)]
 
 
 def test_a_line_the_batch_cannot_send_never_reaches_the_ingress(storage):
