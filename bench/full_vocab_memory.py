@@ -1,7 +1,9 @@
 """Where a full-vocabulary response's memory sits: each process of a running service, grouped
 by its part (ingress, serializer pool, model replica, vLLM's engine, ...), sampled every 0.1 s
 while one `prompt_logprobs: -1` request is read as fast as this client can; its peak growth
-and what it keeps after.
+and what it keeps after. A process's memory is its private (anonymous) pages: the pages of
+Ray's object store it maps are shared, counted once in the machine's memory in use and shown
+apart (the store's file in /dev/shm: its pages stay once written, and are written again).
 
     .venv/bin/probserve serve --config deployments/local.yaml &
     .venv/bin/python bench/full_vocab_memory.py --tokens 1024 --forms json json gzip npy
@@ -29,15 +31,25 @@ def part_of(process: psutil.Process) -> str | None:
     return next((part for part in PARTS if part in command), None)
 
 
+def private_memory(pid: int) -> int:
+    """RssAnon: what the process alone holds, without the shared pages it maps."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
 def memory_by_part() -> collections.Counter:
     held = collections.Counter()
     for process in psutil.process_iter():
         part = part_of(process)
         if part:
             try:
-                held[part] += process.memory_info().rss
-            except psutil.Error:
+                held[part] += private_memory(process.pid)
+            except (psutil.Error, OSError, StopIteration):
                 pass
+    memory = psutil.virtual_memory()
+    held["machine"] = memory.total - memory.available
+    held["object store"] = psutil.disk_usage("/dev/shm").used  # Ray's plasma file's pages
     return held
 
 
@@ -63,7 +75,8 @@ def measured(url: str, model: str, tokens: int, form: str) -> None:
     sampler.join()
     after = memory_by_part()
     print(f"{form}: {size / 1e9:.2f} GB in {total:.1f} s")
-    for part in sorted(peak, key=lambda p: -peak[p])[:4]:
+    shown = ["machine", "object store"]
+    for part in shown + sorted(set(peak) - set(shown), key=lambda p: -peak[p])[:4]:
         kept = (after[part] - before[part]) / 2**20
         print(f"  {part:15s} peak growth {peak[part] / 2**20:6.0f} MiB, kept {kept:6.0f} MiB")
 

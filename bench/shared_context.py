@@ -17,7 +17,9 @@ Two request forms:
   form only).
 
 Reports wall time, requests/s and the ratio to vLLM's server, and checks that both forms give
-probserve's choices the same log-probabilities as vLLM's (within 1e-3).
+probserve's choices the same log-probabilities as vLLM's (within 1e-3); then, on probserve
+idle, each form's requests one at a time on contexts no run sent: what a question's first
+choice and each later one take.
 
     .venv/bin/python bench/shared_context.py
     .venv/bin/python bench/shared_context.py --scenario continuations
@@ -27,6 +29,7 @@ probserve's choices the same log-probabilities as vLLM's (within 1e-3).
 import argparse
 import asyncio
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -41,6 +44,7 @@ from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 PORT = 8313
 CONCURRENCY = 8
+ALONE = 4  # questions per form sent one request at a time
 SCENARIOS = {"mmlu": (650, 4, (1, 3)), "continuations": (1000, 16, (4, 12))}  # tokens, choices, words
 WORDS = ("river mountain lantern harvest engine orbit violet copper meadow signal archive "
          "compass theory glacier market ribbon thunder canvas puzzle harbor falcon velvet "
@@ -118,6 +122,18 @@ def ideal(url: str, unseen: tuple, work: list) -> float:
     return len(work) * once + asyncio.run(run(url, "harness", choices))[0]
 
 
+def one_at_a_time(url: str, form: str, work: list) -> tuple[float, float]:
+    """Median seconds of a question's first choice and of its later ones, each sent alone."""
+    first, later = [], []
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for context, choices in work:
+            for index, choice in enumerate(choices):
+                started = time.perf_counter()
+                client.post("/v1/completions", json=body(form, context, choice)).raise_for_status()
+                (later if index else first).append(time.perf_counter() - started)
+    return statistics.median(first), statistics.median(later)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="mmlu")
@@ -129,9 +145,9 @@ def main() -> None:
     prepare(SMOLLM2)
     count = options.questions or (24 if options.scenario == "mmlu" else 1)
     made = questions(AutoTokenizer.from_pretrained(embedded_model_path(SMOLLM2)), options.scenario,
-                     2 * count + 2)
-    warm_up, unseen = made[:1], made[1]
-    work = {"harness": made[2:2 + count], "span": made[2 + count:]}
+                     2 * count + 2 + 2 * ALONE)
+    warm_up, unseen, alone = made[:1], made[1], made[-2 * ALONE:]
+    work = {"harness": made[2:2 + count], "span": made[2 + count:2 + 2 * count]}
     results = {}
     if "vllm" in options.targets:
         print("vLLM's OpenAI server (probserve's engine settings):", flush=True)
@@ -152,6 +168,10 @@ def main() -> None:
             results["ideal"] = ideal(url, unseen, work["harness"])
             print(f"  one prefill of each context, and each choice alone: {results['ideal']:.1f} s",
                   flush=True)
+            for form, contexts in (("harness", alone[:ALONE]), ("span", alone[ALONE:])):
+                first, later = one_at_a_time(url, form, contexts)
+                print(f"  {form:>8}, one request at a time: a question's first choice {first * 1000:.0f} ms, "
+                      f"each later one {later * 1000:.0f} ms", flush=True)
         finally:
             local_ray.stop()
     report(results)

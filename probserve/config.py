@@ -147,15 +147,22 @@ class IngressConfig(Strict):
 class SerializerPoolConfig(Strict):
     """The CPU workers that write full-vocabulary JSON (probserve.fullvocab.pool)."""
 
-    # Positions per chunk: the unit of work of a pool worker. A SmolLM2 position is about
-    # 3.4 MB of JSON (a 128k vocabulary, 9 MB): 16 keep a chunk's memory to tens of MB.
+    # Positions per chunk of rows the model replica puts in Ray's object store (16 SmolLM2
+    # positions are 3 MB of float32): a pool worker's unit of `.npy`.
     chunk_positions: int = Field(16, ge=1)
-    # Chunks of one response in the pool or written and not yet sent: several workers serve
+    # The plain JSON a pool worker writes in one call, in whole positions (at least one): a
+    # SmolLM2 position is about 3.4 MB of JSON, a 128k vocabulary's 9 MB. What the ingress
+    # holds per call in flight. gzip is written a chunk a call: the ingress holds a quarter of
+    # its JSON, and smaller calls cost more than they save (docs/benchmarks.md).
+    json_piece_bytes: int = Field(8 << 20, ge=1)
+    # Calls of one response in the pool or written and not yet sent: several workers serve
     # one response at once, and a slow client holds production back.
     window: int = Field(4, ge=1)
-    # Chunks one worker writes at once: one, so that a worker is a core's worth of work and
-    # the pool scales by workers (fetching a chunk from the object store is a mapping).
-    max_ongoing_requests: int = Field(1, ge=1)
+    # Calls one worker takes at once. It writes one at a time, so that a worker is a core's
+    # worth of work and the pool scales by workers; the next waits in the worker and starts
+    # the moment the first ends (a call waiting in the ingress's router for a free worker is
+    # retried after 25 ms, doubling to 0.5 s, which left workers idle between pieces).
+    max_ongoing_requests: int = Field(2, ge=1)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
 

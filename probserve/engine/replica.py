@@ -20,7 +20,7 @@ from probserve.engine.vllm_fence import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
-    keep_full_vocab_as_arrays,
+    keep_prompt_logprobs_as_arrays,
     register,
     self_check,
 )
@@ -32,6 +32,7 @@ from probserve.engine.wire import (
     EngineUnavailable,
     FullVocabParts,
     PositionLogprobs,
+    PromptRows,
     QueueTimeout,
     token_array,
 )
@@ -137,6 +138,12 @@ def sampling_params(request: EngineRequest, stream: bool = False):
     )
 
 
+def prompt_positions(prompt) -> PositionLogprobs | None:
+    """A prompt's rows: arrays as the fence keeps them, or vLLM's own (a prompt it scored no
+    row of)."""
+    return prompt.as_positions() if isinstance(prompt, PromptRows) else compact(prompt)
+
+
 def compact(flat) -> PositionLogprobs | None:
     if flat is None:
         return None
@@ -170,7 +177,7 @@ def engine_result(output, sent_at: float | None) -> EngineResult:
     prompt = output.prompt_logprobs
     full_vocab = prompt if isinstance(prompt, FullVocabParts) else None
     return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
-                        prompt_logprobs=None if full_vocab else compact(prompt),
+                        prompt_logprobs=None if full_vocab else prompt_positions(prompt),
                         completions=completions, full_vocab=full_vocab,
                         queue_time_s=queue_time(output.metrics, sent_at))
 
@@ -196,7 +203,7 @@ class ModelReplica:
         from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
         register()
-        keep_full_vocab_as_arrays(chunk_positions)
+        keep_prompt_logprobs_as_arrays(chunk_positions)
         self.model = model
         self.metrics = ReplicaMetrics(model.name)
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.

@@ -36,6 +36,11 @@ probserve's changes to vLLM 0.32 (pinned):
    step the labels' gather, so the top-k request gets its sampled token and padding (token 0
    at -inf) instead of its top k. The sampler notes the step's top-k, and the labels' gather
    keeps each other request's top k beside them, in one tensor as wide as the wider.
+5. Prompt rows as arrays: vLLM's LogprobsProcessor decodes and boxes every entry of every
+   prompt row (about 5 us an entry: 30 ms of the replica's CPU for a 1,000-token prompt at
+   the scored cache's top-5, spans included, whose rows before the span are zeros). probserve
+   decodes what it shows from its own vocabulary, so in the replica's own process the rows
+   stay the engine's arrays (PromptRows), with the same entries and ranks as vLLM's list.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -52,7 +57,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probserve.engine.wire import EngineRequest, EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs
+from probserve.engine.wire import (
+    EngineRequest,
+    EngineResult,
+    FullVocabParts,
+    FullVocabRows,
+    PositionLogprobs,
+    PromptRows,
+)
 from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
 
 PROMPT_LABELS = "probserve_prompt_label_ids"
@@ -83,7 +95,8 @@ class TouchPoint:
 TOUCH_POINTS = (
     TouchPoint("vllm.v1.engine.logprobs", "LogprobsProcessor._update_prompt_logprobs",
                ("self", "prompt_logprobs_tensors"),
-               "full-vocabulary rows kept as arrays in chunks, not one object per entry (item 2)"),
+               "prompt rows kept as arrays (full-vocabulary ones in chunks), not one object per "
+               "entry (items 2, 5)"),
     TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._update_states",
                ("self", "scheduler_output"), "marks a labelled or full-vocabulary request's count"),
     TouchPoint("vllm.v1.sample.sampler", "Sampler.gather_logprobs",
@@ -206,19 +219,20 @@ def original(qualname: str) -> Callable:
     return ORIGINALS.get(qualname) or getattr(point.owner(), point.name)
 
 
-def keep_full_vocab_as_arrays(chunk_positions: int) -> None:
-    """Full-vocabulary rows become FullVocabParts, in chunks of positions."""
-    per_entry = original("LogprobsProcessor._update_prompt_logprobs")
+def keep_prompt_logprobs_as_arrays(chunk_positions: int) -> None:
+    """Prompt rows stay arrays (item 5): full-vocabulary ones become FullVocabParts, in chunks
+    of positions; the others PromptRows."""
 
     def update_prompt_logprobs(self, tensors) -> None:
-        if self.num_prompt_logprobs != -1:
-            return per_entry(self, tensors)
-        token_ids, logprobs, ranks, *_ = tensors  # the prompt tokens; their rows by token id
-        logprobs, token_ids = logprobs.numpy(), token_ids.numpy()[:, 0]
-        actual = logprobs[np.arange(len(token_ids)), token_ids]
-        rows = FullVocabRows(logprobs, actual, ranks.numpy().astype(np.int64))
-        parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions)
-        if isinstance(self.prompt_logprobs, FullVocabParts):  # a later prefill step
+        token_ids, logprobs, ranks, *_ = tensors  # the prompt tokens; their rows
+        if self.num_prompt_logprobs == -1:
+            rows = full_vocab_rows(logprobs.numpy(), token_ids.numpy()[:, 0], ranks.numpy())
+            parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions)
+        else:
+            columns = min(token_ids.shape[1], int(self.num_prompt_logprobs) + 1)
+            parts = PromptRows(token_ids.numpy()[:, :columns], logprobs.numpy()[:, :columns],
+                               ranks.numpy().astype(np.int64))
+        if isinstance(self.prompt_logprobs, type(parts)):  # a later prefill step
             parts = self.prompt_logprobs.followed_by(parts)
         self.prompt_logprobs = parts
 
@@ -252,6 +266,12 @@ def marked_count(count: int, extra_args: dict) -> int:
     if extra_args.get(PROMPT_LABELS):
         return LabelCount(extra_args[PROMPT_LABELS])
     return FullVocabCount(count, extra_args[FULL_VOCAB]) if FULL_VOCAB in extra_args else count
+
+
+def full_vocab_rows(logprobs: np.ndarray, token_ids: np.ndarray, ranks: np.ndarray) -> FullVocabRows:
+    """Rows in token-id order, with each prompt token's own logprob and rank."""
+    actual = logprobs[np.arange(len(token_ids)), token_ids]
+    return FullVocabRows(logprobs, actual, ranks.astype(np.int64))
 
 
 def rows_from(rows, first_row: int):

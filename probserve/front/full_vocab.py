@@ -19,6 +19,7 @@ from probserve.errors import APIError, overloaded
 from probserve.front.http import streaming_body
 from probserve.fullvocab import npy
 from probserve.fullvocab.compression import accepts_gzip
+from probserve.fullvocab.json_rows import piece_positions
 from probserve.fullvocab.relay import full_vocab_body
 from probserve.fullvocab.response import json_parts
 from probserve.fullvocab.streamed import StreamedRows
@@ -39,6 +40,8 @@ class FullVocabResponses:
     def __init__(self, config: AppConfig, serializers: DeploymentHandle):
         self.limits = config.ingress
         self.window = config.serializer_pool.window
+        self.piece_bytes = config.serializer_pool.json_piece_bytes
+        self.chunk_positions = config.serializer_pool.chunk_positions
         self.serializers = serializers
         waiting = HeldGauge("probserve_full_vocab_waiting")
         waiting.set(0)  # exported from the start, not from the first request that waits
@@ -72,9 +75,11 @@ class FullVocabResponses:
         def choices(index: int, result: EngineResult) -> list[dict]:
             return completions.prompt_choices(index, admitted.prompts[index], result, body, vocab)
 
+        piece = self.chunk_positions if gzip else piece_positions(vocab.logits_size, self.piece_bytes)
         parts = json_parts(head, prompts, body.n, choices,
-                           lambda results: completions.completion_usage(admitted.prompts, results, body.n))
-        chunks = full_vocab_body(parts, lambda chunk: self.serializers.write.remote(model, [chunk], gzip),
+                           lambda results: completions.completion_usage(admitted.prompts, results, body.n),
+                           piece)
+        chunks = full_vocab_body(parts, lambda piece: self.serializers.write.remote(model, piece, gzip),
                                  self.window, gzip)
         return streaming_body(recorded(chunks, prompts, body.n, record), "application/json", gzip,
                               release, record)

@@ -18,6 +18,14 @@ from probserve.vllm_constants import NEG_INF_LOGPROB
 # Byte offsets fit 32 bits (a position is a few MB, the tables tens).
 OFFSET = np.int32
 COMMA, OPEN, CLOSE = b",{}"
+# About what an entry takes (`"12345":{"logprob":-9.876543,"rank":123,"decoded_token":"abc"},`):
+# a SmolLM2 position, 49,152 entries, is 3.4 MB.
+ENTRY_BYTES = 70
+
+
+def piece_positions(vocab_size: int, piece_bytes: int) -> int:
+    """Positions whose JSON is about `piece_bytes` (at least one)."""
+    return max(1, piece_bytes // (vocab_size * ENTRY_BYTES))
 
 
 class ByteTable:

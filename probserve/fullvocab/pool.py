@@ -1,12 +1,12 @@
 """SerializerPool: CPU workers that write full-vocabulary rows as JSON, a chunk at a time.
 
 A Ray Serve deployment of its own, autoscaled apart from the models: the ingress hands it
-chunks of a few positions (references into Ray's object store, put there by the model
-replica), several at once for one response, and relays what comes back in order.
+pieces of chunks of a few positions (references into Ray's object store, put there by the
+model replica), several at once for one response, and relays what comes back in order.
 """
 
 import asyncio
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 
 import numpy as np
 from ray import serve
@@ -16,6 +16,7 @@ from probserve.fullvocab import npy
 from probserve.fullvocab.compression import deflate_part
 from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
 from probserve.fullvocab.npy import NpyChunk
+from probserve.fullvocab.streamed import RowsPiece
 from probserve.observe.metrics import PoolMetrics
 from probserve.text.vocabulary import Vocabulary
 
@@ -24,6 +25,10 @@ from probserve.text.vocabulary import Vocabulary
 class SerializerPool:
     def __init__(self, config: AppConfig):
         self.metrics = PoolMetrics()
+        # One call writes at a time (a core's worth of work); the others wait here, not in
+        # the caller's router, which retries a full pool after 25 ms, doubling to 0.5 s, and
+        # so left workers idle between small pieces (serializer_pool.max_ongoing_requests).
+        self.turn = asyncio.Lock()
         self.fragments = {model.name: EntryFragments(Vocabulary.load(model.resolved_path()).strings)
                           for model in config.models}
         # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
@@ -31,12 +36,10 @@ class SerializerPool:
         fragments = next(iter(self.fragments.values()))
         position_json(np.zeros(fragments.vocab_size, np.float32), fragments)
 
-    async def write(self, model: str, chunk: list, gzip: bool):
-        """The JSON of one chunk's positions (`,{...},{...}`), deflated when `gzip`.
-
-        `chunk` is a one-item list: Ray would fetch a bare reference into the caller."""
-        with self.holding():
-            rows = await chunk[0]
+    async def write(self, model: str, piece: RowsPiece, gzip: bool):
+        """The JSON of one piece's positions (`,{...},{...}`), deflated when `gzip`."""
+        async with self.holding():
+            rows = (await piece.rows).positions(piece.start, piece.stop)
             payload, written, sent = await asyncio.to_thread(self.encode, self.fragments[model], rows, gzip)
             encoding = "gzip" if gzip else "identity"
             self.metrics.wrote(model, "json", len(rows.logprobs), written, sent, encoding)
@@ -53,17 +56,19 @@ class SerializerPool:
 
     async def write_npy(self, model: str, chunk: NpyChunk) -> bytes:
         """The chunk's `.npy` records (probserve.fullvocab.npy)."""
-        with self.holding():
+        async with self.holding():
             rows = await chunk.rows
             records = await asyncio.to_thread(npy.chunk_records, chunk, rows)
             self.metrics.wrote(model, "npy", len(rows.logprobs), len(records), len(records), "identity")
             return records
 
-    @contextmanager
-    def holding(self):
-        """Counts the chunk among those this worker holds (its queue depth) while it does."""
+    @asynccontextmanager
+    async def holding(self):
+        """Counts the call among those this worker holds (its queue depth) while it does, and
+        waits for its turn to write."""
         self.metrics.in_progress.change(1)
         try:
-            yield
+            async with self.turn:
+                yield
         finally:
             self.metrics.in_progress.change(-1)

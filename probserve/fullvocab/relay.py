@@ -1,8 +1,8 @@
 """The full-vocabulary body, relayed: the response's text around its arrays
-(probserve.fullvocab.response), each array's chunks written by the serializer pool,
-several at once, and sent in order as they come.
+(probserve.fullvocab.response), each array's chunks (or pieces of them) written by the
+serializer pool, several at once, and sent in order as they come.
 
-At most `window` chunks of one response are in the pool or waiting to be sent: a slow client
+At most `window` calls of one response are in the pool or waiting to be sent: a slow client
 holds production back, and one that leaves cancels what is under way.
 """
 

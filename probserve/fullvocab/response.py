@@ -9,21 +9,23 @@ from collections.abc import AsyncIterator, Callable
 import orjson
 
 from probserve.engine.wire import EngineResult
-from probserve.fullvocab.streamed import StreamedRows, chunks_of
+from probserve.fullvocab.streamed import StreamedRows, pieces_of
 
 
 async def json_parts(head: dict, prompts: list[StreamedRows], n: int,
                      choices: Callable[[int, EngineResult], list[dict]],
-                     usage: Callable[[list[EngineResult]], dict]) -> AsyncIterator[bytes | AsyncIterator]:
-    """`head`'s members, then the n choices of each prompt: `"prompt_logprobs":[null`, the
-    chunks of its rows, `]`, then the choice's other members (`choices(prompt, result)`), and
-    `usage(results)` last. Position 0, which nothing predicts, is null."""
+                     usage: Callable[[list[EngineResult]], dict],
+                     piece_positions: int) -> AsyncIterator[bytes | AsyncIterator]:
+    """`head`'s members, then the n choices of each prompt: `"prompt_logprobs":[null`, its
+    rows in pieces of `piece_positions`, `]`, then the choice's other members
+    (`choices(prompt, result)`), and `usage(results)` last. Position 0, which nothing
+    predicts, is null."""
     text = b"{" + orjson.dumps(head)[1:-1] + b',"choices":['
     for prompt, rows in enumerate(prompts):
         for j in range(n):
             index = prompt * n + j
             yield text + b'{"index":%d,"prompt_logprobs":[null' % index
-            yield chunks_of(rows.parts(last_use=j == n - 1))
+            yield pieces_of(rows.parts(last_use=j == n - 1), piece_positions)
             members = {name: value for name, value in choices(prompt, rows.result())[j].items()
                        if name != "index"}
             yield b"]," + orjson.dumps(members)[1:]

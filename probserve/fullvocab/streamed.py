@@ -4,6 +4,7 @@ each later choice of the prompt) and shapes the rest of the choice once the last
 
 import dataclasses
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from probserve.engine.wire import EngineResult, FullVocabParts
 
@@ -52,8 +53,21 @@ def without_chunks(window: EngineResult) -> EngineResult:
     return dataclasses.replace(window, full_vocab=dataclasses.replace(window.full_vocab, chunks=[], sizes=[]))
 
 
-async def chunks_of(parts: AsyncIterator[FullVocabParts]) -> AsyncIterator:
-    """The chunks of each window, in order."""
+@dataclass(frozen=True)
+class RowsPiece:
+    """Positions [start, stop) of a chunk of rows: what a pool worker writes as JSON in one call.
+    A chunk's JSON is many times its rows (70 bytes an entry against 4), so the JSON is
+    written in pieces smaller than the chunks the replica stores: what a worker builds and the
+    ingress holds per call is a piece's."""
+
+    rows: object  # the chunk as the replica stored it
+    start: int
+    stop: int
+
+
+async def pieces_of(parts: AsyncIterator[FullVocabParts], positions: int) -> AsyncIterator[RowsPiece]:
+    """Each window's chunks in pieces of at most `positions` positions, in order."""
     async for window in parts:
-        for chunk in window.chunks:
-            yield chunk
+        for chunk, size in zip(window.chunks, window.sizes, strict=True):
+            for start in range(0, size, positions):
+                yield RowsPiece(chunk, start, min(start + positions, size))

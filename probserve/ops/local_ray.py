@@ -29,13 +29,18 @@ DRAINING_PERIOD = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 # The controller restarts a node's HTTP front after three failed checks in a row: every 2 s
 # instead of 10, a dead HAProxy is replaced in about 10 s instead of 30 (docs/operations.md).
 PROXY_CHECK_PERIOD = "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S"
-DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5", PROXY_CHECK_PERIOD: "2"}
+# Each replica runs its code on the loop that serves its HTTP and calls, instead of a thread
+# of its own that hands each response message over through an unbounded queue: a streamed
+# body is then written only as fast as the client reads it (HTTP flow control reaches the
+# generator), where before the ingress held whatever the client had not read yet.
+SAME_LOOP = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
+DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5", PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0"}
 
 
 def ray_environment() -> dict[str, str]:
-    """The nodes' environment: the callback, HAProxy, its replicas' draining period and its
-    health checks, each unless this environment sets it (RAY_SERVE_ENABLE_HA_PROXY=0 keeps
-    Serve's Python proxy)."""
+    """The nodes' environment: the callback, HAProxy, its replicas' draining period, its
+    health checks and user code on the replicas' own loop, each unless this environment sets
+    it (RAY_SERVE_ENABLE_HA_PROXY=0 keeps Serve's Python proxy)."""
     return {**PROXY_CALLBACK, **{key: os.environ.get(key, value) for key, value in DEFAULTS.items()}}
 
 

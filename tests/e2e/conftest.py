@@ -76,9 +76,10 @@ CONFIG = {
     # machine every waiter of test_overload.py's burst is served.
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024, "full_vocab_wait_s": 120},
     # Two workers, so that every full-vocabulary response is written by both at once; chunks
-    # of 8 positions, so that a test prompt has several.
-    "serializer_pool": {"chunk_positions": 8, "autoscaling_config": {"min_replicas": 2,
-                                                                    "max_replicas": 2},
+    # of 8 positions, so that a test prompt has several, and JSON pieces of 3 tiny positions
+    # (270 kB each), so that a chunk is written in several calls.
+    "serializer_pool": {"chunk_positions": 8, "json_piece_bytes": 810_000,
+                        "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
                         "ray_actor_options": {"num_cpus": 0.1}},
     # Uploads of at most a MiB, so that one past the cap is cheap to send (test_batch.py).
     "batch": {"max_file_bytes": BATCH_MAX_FILE_BYTES},

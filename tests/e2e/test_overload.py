@@ -10,7 +10,8 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.conftest import MODEL, ONE_WINDOW, SMALL_QUEUE, SMALL_QUEUE_MODEL
+from probserve.ops.local_ray import APP_NAME
+from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL, ONE_WINDOW, SMALL_QUEUE, SMALL_QUEUE_MODEL
 
 BURST = 40
 BODY = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 96,
@@ -48,6 +49,16 @@ def service_memory() -> int:
         title = " ".join(process.info["cmdline"] or [])
         if title.startswith(("ray::", "VLLM::")):
             total += process.info["memory_info"].rss
+    return total
+
+
+def ingress_memory() -> int:
+    """Private bytes (RssAnon) of the session app's ingress replicas: what they hold alone."""
+    total = 0
+    for process in psutil.process_iter(["cmdline"]):
+        if f"ServeReplica:{APP_NAME}:Ingress" in " ".join(process.info["cmdline"] or []):
+            with open(f"/proc/{process.pid}/status") as status:
+                total += next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
     return total
 
 
@@ -120,3 +131,31 @@ def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
     print(f"\nfull-vocabulary burst: service memory {idle / 2**20:.0f} MiB idle, "
           f"{after / 2**20:.0f} MiB after")
     assert after <= idle * 1.1, (idle, after)
+
+
+def test_a_client_that_stops_reading_holds_the_body_back_not_in_the_ingress(base_url):
+    """HTTP flow control reaches the relay (each replica runs its code on the loop that serves
+    its HTTP): while the client reads nothing, the ingress has a window of pieces written and
+    waits. With Serve's own thread for user code, it held all the client had not read."""
+    body = {"model": MODEL, "prompt": list(range(5, 5 + FULL_VOCAB_MAX)), "n": 4, "max_tokens": 1,
+            "prompt_logprobs": -1}
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        with client.stream("POST", "/v1/completions", json=body,
+                           headers={"accept-encoding": "identity"}) as response:
+            assert response.status_code == 200, response.read()
+            chunks = response.iter_raw()
+            read = len(next(chunks))
+            before = ingress_memory()
+            time.sleep(4)  # long enough for the pool to write the whole body, unheld
+            held = ingress_memory() - before
+            deadline = time.monotonic() + 4
+            for chunk in chunks:
+                read += len(chunk)
+                if time.monotonic() > deadline:
+                    break
+    # n = 4 choices of 299 rows of the whole vocabulary: 320 MB of JSON
+    print(f"\nan unread body: the ingress held {held / 2**20:.0f} MiB more; then read "
+          f"{read / 2**20:.0f} MiB in 4 s")
+    assert held < 64 << 20, held
+    assert read > 64 << 20  # the body goes on as soon as it is read
+    assert send(base_url, {**BODY, "model": MODEL}).status_code == 200  # the client left: all is well

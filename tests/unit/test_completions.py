@@ -106,7 +106,8 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
     head = {name: response[name] for name in ("id", "object", "created", "model")}
     parts = json_parts(head, windows, body.n,
                        lambda i, result: completions.prompt_choices(i, prompts[i], result, body, VOCAB),
-                       lambda results: completions.completion_usage(prompts, results, body.n))
+                       lambda results: completions.completion_usage(prompts, results, body.n),
+                       piece_positions=1)
     parsed = orjson.loads(relayed(parts, EntryFragments(VOCAB.strings), gzip=False))
     assert len(parsed["choices"]) == 4
     first, third = parsed["choices"][0], parsed["choices"][2]

@@ -9,10 +9,12 @@ from probserve.config import AppConfig, model_deployment_name
 from probserve.ops.app import build_app
 from probserve.ops.cli import serve_config
 from probserve.ops.local_ray import (
+    DEFAULTS,
     DRAINING_PERIOD,
     HAPROXY,
     PROXY_CALLBACK,
     PROXY_CHECK_PERIOD,
+    SAME_LOOP,
     logical_resources,
     ray_environment,
 )
@@ -83,13 +85,11 @@ def test_one_machine_declares_the_node_groups_a_file_asks_for():
 
 
 def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(monkeypatch):
-    monkeypatch.delenv(HAPROXY, raising=False)
-    monkeypatch.delenv(DRAINING_PERIOD, raising=False)
-    monkeypatch.delenv(PROXY_CHECK_PERIOD, raising=False)
+    for key in DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
     assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5",
-                                 PROXY_CHECK_PERIOD: "2"}
-    monkeypatch.setenv(HAPROXY, "0")
-    monkeypatch.setenv(DRAINING_PERIOD, "30")
-    monkeypatch.setenv(PROXY_CHECK_PERIOD, "10")
-    assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "0", DRAINING_PERIOD: "30",
-                                 PROXY_CHECK_PERIOD: "10"}
+                                 PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0"}
+    chosen = {HAPROXY: "0", DRAINING_PERIOD: "30", PROXY_CHECK_PERIOD: "10", SAME_LOOP: "1"}
+    for key, value in chosen.items():
+        monkeypatch.setenv(key, value)
+    assert ray_environment() == {**PROXY_CALLBACK, **chosen}

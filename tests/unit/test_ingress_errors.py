@@ -11,7 +11,7 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from probserve.config import IngressConfig, ModelConfig
+from probserve.config import IngressConfig, ModelConfig, SerializerPoolConfig
 from probserve.engine.wire import EngineRequest, EngineUnavailable, QueueTimeout
 from probserve.errors import APIError
 from probserve.front import full_vocab
@@ -254,7 +254,7 @@ class Count:
 def slot_holder(monkeypatch, **limits) -> FullVocabResponses:
     monkeypatch.setattr(full_vocab, "HeldGauge", lambda name: Count())
     config = SimpleNamespace(ingress=IngressConfig(max_full_vocab_requests=1, **limits),
-                             serializer_pool=SimpleNamespace(window=4))
+                             serializer_pool=SerializerPoolConfig())
     return FullVocabResponses(config, serializers=None)
 
 

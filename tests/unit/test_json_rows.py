@@ -3,7 +3,7 @@ import orjson
 import pytest
 
 from probserve.engine.wire import FullVocabRows
-from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
+from probserve.fullvocab.json_rows import EntryFragments, chunk_json, piece_positions, position_json
 from tests.unit.fakes import full_vocab_rows
 
 TOKENS = ["a", " b", '"q"', "\\", "é€", "", "\n", "z"]
@@ -73,3 +73,9 @@ def test_top_k_view_matches_the_top_k_path():
     assert view.actual(1)[1] == pytest.approx(float(rows.logprobs[0, prompt[1]]))
     ids, _, ranks = view.top(3, 2)
     assert ids.tolist() == by_rank[2, :2].tolist() and ranks.tolist() == [1, 2]
+
+
+def test_a_piece_is_whole_positions_of_about_the_bytes_asked():
+    assert piece_positions(49_152, 8 << 20) == 2  # SmolLM2: 3.4 MB a position
+    assert piece_positions(128_256, 8 << 20) == 1  # never less than one
+    assert piece_positions(100, 70_000) == 10

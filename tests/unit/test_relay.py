@@ -10,6 +10,7 @@ import pytest
 from probserve.fullvocab.compression import deflate_part
 from probserve.fullvocab.json_rows import EntryFragments, chunk_json
 from probserve.fullvocab.relay import full_vocab_body, in_order
+from probserve.fullvocab.streamed import RowsPiece
 from tests.unit.fakes import async_parts
 from tests.unit.test_json_rows import TOKENS, rows_of
 
@@ -19,7 +20,8 @@ def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> by
     the relay takes them, or listed (arrays as lists)."""
     source = async_parts(parts) if isinstance(parts, list) else parts
 
-    async def write(rows):
+    async def write(piece: RowsPiece):
+        rows = piece.rows.positions(piece.start, piece.stop)
         await asyncio.sleep(0.001 * (len(rows.logprobs) % 3))  # finish out of order
         text = chunk_json(rows, fragments)
         return deflate_part(text) if gzip else text.tobytes()
@@ -34,7 +36,7 @@ def relayed(parts, fragments: EntryFragments, gzip: bool, window: int = 3) -> by
 
 def test_gzip_and_plain_bodies_are_the_same_json():
     rows = rows_of(3, 7)
-    parts = [b'{"a":[null', [rows.positions(i, i + 2) for i in range(0, 7, 2)], b"]}"]
+    parts = [b'{"a":[null', [RowsPiece(rows, i, min(i + 2, 7)) for i in range(0, 7, 2)], b"]}"]
     fragments = EntryFragments(TOKENS)
     plain = relayed(parts, fragments, gzip=False)
     assert gzip.decompress(relayed(parts, fragments, gzip=True)) == plain
