@@ -17,7 +17,8 @@ Two request forms:
   form only).
 
 Reports wall time, requests/s and the ratio to vLLM's server, and checks that both forms give
-probserve's choices the same log-probabilities as vLLM's (within 1e-3); then, on probserve
+probserve's choices the same log-probabilities as vLLM's (within 1e-3), with each process's
+CPU per request; then, on probserve
 idle, each form's requests one at a time on contexts no run sent: what a question's first
 choice and each later one take.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from cpu import cpu_per_request, cpu_seconds
 from servers import vllm_server
 from transformers import AutoTokenizer
 
@@ -106,10 +108,14 @@ def measure(url: str, runs: list[tuple[str, str]], warm_up: list, work: dict[str
     asyncio.run(run(url, "harness", warm_up))
     found = {}
     for form, contexts in runs:
+        before = cpu_seconds()
         seconds, logprobs = asyncio.run(run(url, form, work[contexts]))
+        spent = cpu_per_request(before, cpu_seconds(), len(logprobs))
         found[form, contexts] = (seconds, logprobs)
         print(f"  {form:>8} on the {contexts} contexts: {len(logprobs)} requests in {seconds:.1f} s "
               f"({len(logprobs) / seconds:.2f} req/s)", flush=True)
+        print("    CPU ms per request: " + ", ".join(f"{role} {ms:.1f}" for role, ms in spent.items()
+                                                     if ms >= 0.5), flush=True)
     return found
 
 
