@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs
+from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs, concatenated
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,7 @@ class Rows:
 
     @classmethod
     def joined(cls, parts: list["Rows"]) -> "Rows":
-        return cls(*(np.concatenate([getattr(p, f.name) for p in parts])
-                     for f in dataclasses.fields(cls)))
+        return concatenated(parts)
 
     @property
     def count(self) -> int:

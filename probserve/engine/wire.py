@@ -108,6 +108,11 @@ class PositionLogprobs:
         return self.token_ids[first:last], self.logprobs[first:last], self.ranks[first:last]
 
 
+def concatenated(parts: list):
+    """Dataclasses of arrays joined field by field, in order (rows of consecutive positions)."""
+    return type(parts[0])(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(parts[0])))
+
+
 @dataclass(frozen=True)
 class PromptRows:
     """Prompt rows as the engine computes them, kept as arrays in the replica's process (vLLM's
@@ -120,8 +125,7 @@ class PromptRows:
     ranks: np.ndarray  # int64 [positions]: the prompt token's
 
     def followed_by(self, later: "PromptRows") -> "PromptRows":
-        return PromptRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
-                            for f in fields(self)))
+        return concatenated([self, later])
 
     def as_positions(self) -> PositionLogprobs:
         """As vLLM's own path lists them: position 0 unscored, then each row's entries, ranked
@@ -130,8 +134,8 @@ class PromptRows:
         ranks = np.empty((rows, width), np.int64)
         ranks[:, 0], ranks[:, 1:] = self.ranks, np.arange(1, width)
         offsets = np.concatenate([[0], np.arange(rows + 1, dtype=np.int64) * width])
-        return PositionLogprobs(offsets, self.token_ids.ravel().astype(np.int32),
-                                self.logprobs.ravel().astype(np.float32), ranks.ravel())
+        return PositionLogprobs(offsets, self.token_ids.ravel().astype(np.int32, copy=False),
+                                self.logprobs.ravel().astype(np.float32, copy=False), ranks.ravel())
 
 
 @dataclass(frozen=True)
@@ -145,21 +149,13 @@ class RankedRows:
     actual_ranks: np.ndarray  # int64 [positions]
 
     def followed_by(self, later: "RankedRows") -> "RankedRows":
-        return RankedRows(*(np.concatenate([getattr(self, f.name), getattr(later, f.name)])
-                            for f in fields(self)))
+        return concatenated([self, later])
 
     def top_k_positions(self, prompt_token_ids: list[int], k: int) -> PositionLogprobs:
         """The top-k view of these rows, as the top-k path returns it (position 0 unscored)."""
-        rows, width = len(self.token_ids), k + 1
-        token_ids = np.empty((rows, width), np.int32)
-        logprobs = np.empty((rows, width), np.float32)
-        ranks = np.empty((rows, width), np.int64)
-        token_ids[:, 0] = prompt_token_ids[1:]
-        logprobs[:, 0], ranks[:, 0] = self.actual_logprobs, self.actual_ranks
-        token_ids[:, 1:], logprobs[:, 1:] = self.token_ids[:, :k], self.logprobs[:, :k]
-        ranks[:, 1:] = np.arange(1, k + 1)
-        offsets = np.concatenate([[0, 0], np.arange(1, rows + 1) * width]).astype(np.int64)
-        return PositionLogprobs(offsets, token_ids.ravel(), logprobs.ravel(), ranks.ravel())
+        token_ids = np.column_stack([prompt_token_ids[1:], self.token_ids[:, :k]]).astype(np.int32)
+        logprobs = np.column_stack([self.actual_logprobs, self.logprobs[:, :k]]).astype(np.float32)
+        return PromptRows(token_ids, logprobs, self.actual_ranks).as_positions()
 
 
 @dataclass(frozen=True)
