@@ -19,7 +19,7 @@ from probserve.ops.local_ray import APP_NAME
 from probserve.store.model_store import SMOLLM2
 from tests.e2e.conftest import BATCH_MAX_FILE_BYTES, MAX_LOGPROBS, MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
-from tests.e2e.test_faults import engine_core
+from tests.e2e.test_faults import engine_core, wait_until_healthy
 
 pytestmark = pytest.mark.e2e
 
@@ -228,16 +228,20 @@ def test_a_batch_survives_its_model_s_engine_killed_with_every_line_once(client,
     """The lines in flight get 503 `not_ready` while Ray Serve replaces the replica, and the
     runner sends them again after the wait the refusal names; the small queue of this model
     refuses some lines with 503 `overloaded` all along, retried the same way."""
-    count = 40
-    bodies = {f"line-{i}": {**scoring(f"Sentence {i} goes on for a while."), "model": SMALL_QUEUE_MODEL}
-              for i in range(count)}
+    count = 400  # a few seconds of lines, more than the second the record's counts may lag
+    bodies = {f"line-{i}": {**scoring(f"Sentence {i}: " + "the words go on and on " * 12),
+                            "model": SMALL_QUEUE_MODEL} for i in range(count)}
     batch_id = started_batch(client, bodies)
     wait_for_progress(client, batch_id, 5)
+    killed_at, killed = int(time.time()), time.monotonic()
     engine_core().send_signal(signal.SIGKILL)
     batch = finished(client, batch_id)
     assert batch.status == "completed", batch
+    # Lines were left when the engine died: the batch waited for the replica replacing it.
+    assert batch.completed_at >= killed_at + 2, "the batch ended before the engine was killed"
     output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
     assert set(output) == set(bodies) and errors == {}
+    wait_until_healthy(http, killed)
     for custom_id in ("line-0", f"line-{count - 1}"):
         assert_same_numbers(output[custom_id]["response"]["body"],
                             http.post("/v1/completions", json=bodies[custom_id]).json())

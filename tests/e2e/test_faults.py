@@ -38,6 +38,13 @@ def the_others_stay_ready_and_serving(http) -> None:
     assert other.status_code == 200, other.text
 
 
+def wait_until_healthy(http, killed: float) -> None:
+    """Every model ready again, so that the tests after this one find the whole service."""
+    while http.get("/health").status_code != 200:
+        assert time.monotonic() - killed < 2 * RECOVERY_LIMIT_S, "answering, yet never healthy"
+        time.sleep(0.5)
+
+
 def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     reference = references[SMALL_QUEUE_MODEL]
     greedy = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 4,
@@ -69,9 +76,7 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     recovered = time.monotonic() - killed
     ids = reference.tokenizer.encode(greedy["prompt"])
     assert answer.json()["choices"][0]["logprobs"]["token_ids"] == reference.greedy(ids, 4)
-    while http.get("/health").status_code != 200:
-        assert time.monotonic() - killed < 2 * RECOVERY_LIMIT_S, "answering, yet never healthy"
-        time.sleep(0.5)
+    wait_until_healthy(http, killed)
     with capsys.disabled():
         print(f"\nengine killed: answering again after {recovered:.1f} s, healthy after "
               f"{time.monotonic() - killed:.1f} s")
