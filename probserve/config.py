@@ -38,6 +38,7 @@ class Strict(BaseModel):
 
 
 VLLM_MAX_LABEL_IDS = MAX_LOGPROB_TOKEN_IDS  # vLLM's sampler reserves this many label columns
+LARGEST_DEFAULT_KV_BLOCK = 128  # vLLM's block_size when unset: 128 on a CPU, 16 on a GPU
 
 
 class Capabilities(Strict):
@@ -107,6 +108,11 @@ class ModelConfig(Strict):
     # each tenant's own unless shared: a shared cache lets one tenant time whether another
     # sent a prompt.
     shared_prefix_caches: bool = False
+
+    def largest_full_vocab_window(self) -> int:
+        """The most positions one full-vocabulary window can show: the replica rounds the
+        window down to whole KV blocks, at least one (vLLM's default block, 128 at most)."""
+        return max(self.full_vocab_window, self.kv_block_size or LARGEST_DEFAULT_KV_BLOCK)
 
     @model_validator(mode="after")
     def path_or_embedded(self) -> "ModelConfig":

@@ -41,8 +41,15 @@ from probserve.observe.request_log import separate_logger
 from probserve.store.home import apply_cache_environment
 
 logger = logging.getLogger("probserve.replica")
-WARM_UP = [EngineRequest(prompt_token_ids=[1, 2, 3], max_tokens=2, temperature=0.0, top_p=1.0,
-                         logprobs=1, prompt_logprobs=k) for k in (1, -1)]
+
+
+def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
+    """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
+    the buffers of the longest full-vocabulary prompt (`rows` positions), which vLLM's worker
+    and this process make on its first windows and keep for the next (docs/benchmarks.md)."""
+    greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1}
+    return (EngineRequest(prompt_token_ids=[1, 2, 3], prompt_logprobs=1, **greedy),
+            EngineRequest(prompt_token_ids=list(range(1, rows + 2)), prompt_logprobs=-1, **greedy))
 
 
 def prepare_process(model: ModelConfig) -> None:
@@ -215,9 +222,11 @@ class ModelReplica:
         self.prefixes = InFlightPrefixes(block)
         scoring = model.scored_cache
         self.scored = ScoredPrefixCache(block, scoring.top_k, scoring.max_bytes) if scoring.enabled else None
-        # The first request with logprobs compiles vLLM's logprobs op: pay it before serving.
-        for request in WARM_UP:
-            await self.generate(request)
+        longest = self.engine.vllm_config.model_config.max_model_len - 3  # the prompt and its 2 tokens
+        top_k, full_vocab = warm_up(min(max(model.capabilities.full_vocab_max_prompt_tokens, 2), longest))
+        await self.generate(top_k)
+        async for _ in self.generate_full_vocab(full_vocab):
+            pass
         # Refuse to serve rather than answer wrongly if the patches do not fit this engine.
         await self_check(self.generate)
         self.ready_at = time.time()

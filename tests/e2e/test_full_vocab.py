@@ -3,14 +3,27 @@
 import gzip
 import io
 import random
+import time
 
 import httpx
 import numpy as np
 import orjson
 import pytest
+import ray
+from ray import serve
 
-from probserve.engine.windows import window_starts
-from tests.e2e.conftest import FAMILIES, FULL_VOCAB_MAX, FULL_VOCAB_WINDOW, KV_BLOCKS, MODEL
+from probserve.config import model_deployment_name
+from probserve.engine.windows import RUN_AHEAD, stream_items_ahead, window_starts
+from probserve.engine.wire import EngineRequest, EngineResult
+from probserve.ops.local_ray import APP_NAME
+from tests.e2e.conftest import (
+    CHUNK_POSITIONS,
+    FAMILIES,
+    FULL_VOCAB_MAX,
+    FULL_VOCAB_WINDOW,
+    KV_BLOCKS,
+    MODEL,
+)
 from tests.e2e.reference import TOLERANCE, assert_rank
 from tests.e2e.test_prefix_reuse import cache_reads, reads_after
 
@@ -187,3 +200,24 @@ def assert_windowed_json(http, family: str, ids: list[int], rows: np.ndarray) ->
         for p in (1, 128, 129, 256, 257, 299):
             top = list(echoed["top_logprobs"][p].values())[:2]
             np.testing.assert_allclose(top, np.sort(rows[p])[::-1][:2], atol=TOLERANCE)
+
+
+def test_a_replica_computes_a_bounded_run_of_windows_ahead_of_its_caller():
+    """Ray Serve streams with no backpressure of its own: a stream nobody reads runs to its
+    end (the token stream below), and a full-vocabulary one left every window's rows in Ray's
+    object store. The model's router sends it with Ray's generator backpressure
+    (probserve.front.replica_router): the replica pauses with two windows' items untaken."""
+    replica = serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
+    tokens = EngineRequest(prompt_token_ids=list(range(5, 15)), max_tokens=40, temperature=0.0, top_p=1.0)
+    unread_tokens = replica.options(stream=True).generate_stream.remote(tokens)._to_object_ref_gen_sync()
+    rows = EngineRequest(prompt_token_ids=list(range(5, 5 + FULL_VOCAB_MAX)), max_tokens=1,
+                         temperature=0.0, top_p=1.0, prompt_logprobs=-1)
+    call = replica.options(stream=True, _by_reference=True).generate_full_vocab.remote(rows)
+    unread_rows = call._to_object_ref_gen_sync()
+    time.sleep(5)  # the whole prompt takes well under a second here
+    assert ray.wait([unread_tokens.completed()], timeout=0)[0], "the token stream stopped unread"
+    assert not ray.wait([unread_rows.completed()], timeout=0)[0], "every window was computed unread"
+    items = [ray.get(ref) for ref in unread_rows]
+    windows = window_starts(1, FULL_VOCAB_MAX - 1, FULL_VOCAB_WINDOW, FULL_VOCAB_WINDOW)
+    assert sum(isinstance(item, EngineResult) for item in items) == len(windows) > RUN_AHEAD
+    assert len(items) > stream_items_ahead(FULL_VOCAB_WINDOW, CHUNK_POSITIONS)

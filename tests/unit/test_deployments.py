@@ -11,6 +11,7 @@ from probserve.ops.cli import serve_config
 from probserve.ops.local_ray import (
     DEFAULTS,
     DRAINING_PERIOD,
+    FREE_PERIOD,
     HAPROXY,
     PROXY_CALLBACK,
     PROXY_CHECK_PERIOD,
@@ -88,8 +89,9 @@ def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(
     for key in DEFAULTS:
         monkeypatch.delenv(key, raising=False)
     assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5",
-                                 PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0"}
-    chosen = {HAPROXY: "0", DRAINING_PERIOD: "30", PROXY_CHECK_PERIOD: "10", SAME_LOOP: "1"}
+                                 PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100"}
+    chosen = {HAPROXY: "0", DRAINING_PERIOD: "30", PROXY_CHECK_PERIOD: "10", SAME_LOOP: "1",
+              FREE_PERIOD: "1000"}
     for key, value in chosen.items():
         monkeypatch.setenv(key, value)
     assert ray_environment() == {**PROXY_CALLBACK, **chosen}

@@ -2,7 +2,14 @@
 
 import pytest
 
-from probserve.engine.windows import ROWS_ONLY, full_vocab_windows, window_starts
+from probserve.config import ModelConfig
+from probserve.engine.windows import (
+    ROWS_ONLY,
+    RUN_AHEAD,
+    full_vocab_windows,
+    stream_items_ahead,
+    window_starts,
+)
 from probserve.engine.wire import EngineRequest
 
 REQUEST = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=5, temperature=0.7, top_p=0.9,
@@ -56,3 +63,16 @@ def test_a_prompt_within_one_window_is_one_request(length):
                             prompt_logprobs=-1)
     (window,) = full_vocab_windows(request, 4, 4)
     assert window.prompt_token_ids == request.prompt_token_ids and window.cache_readable_tokens() == 0
+
+
+@pytest.mark.parametrize("window, block, largest", [(128, None, 128), (64, None, 128), (256, 16, 256),
+                                                    (8, 32, 32)])
+def test_the_largest_window_is_the_configured_one_or_one_kv_block(window, block, largest):
+    model = ModelConfig(name="m", path="/models/m", full_vocab_window=window, kv_block_size=block)
+    assert model.largest_full_vocab_window() == largest
+
+
+@pytest.mark.parametrize("window, chunk, items", [(128, 16, 10), (128, 8, 18), (130, 16, 11), (16, 16, 3)])
+def test_the_run_ahead_holds_each_windows_result_and_chunks_split_in_two_steps(window, chunk, items):
+    # A window's items: its result, its chunks, and one more chunk where two steps split it.
+    assert stream_items_ahead(window, chunk) == RUN_AHEAD * items
