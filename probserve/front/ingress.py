@@ -211,6 +211,10 @@ class Ingress:
                 retry_after = (error.headers or {}).get("Retry-After")
                 return batch_answer(record, error.status, error.envelope(), retry_after)
 
+    def app_config(self) -> AppConfig:
+        """The configuration this ingress runs (dataset scoring admits documents by it)."""
+        return self.config
+
     @app.post("/v1/files")
     async def upload_file(self, request: Request) -> Response:
         return await self.batch.upload(request, await self.tenant_name(request))

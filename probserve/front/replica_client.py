@@ -17,6 +17,7 @@ from ray.serve.handle import DeploymentHandle
 
 from probserve.api.streaming import ChoiceStream, event
 from probserve.config import AppConfig, model_deployment_name
+from probserve.engine.transient import TRANSIENT
 from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
 from probserve.errors import APIError, error_envelope, not_ready, overloaded
 from probserve.observe.availability import ReplicaStates
@@ -24,7 +25,6 @@ from probserve.observe.request_log import RequestRecord
 
 # How often a request waiting for its model checks that the model still has a replica.
 LOST_CHECK_S = 0.5
-REFUSED = (BackPressureError, QueueTimeout, EngineUnavailable, RayActorError)
 
 logger = logging.getLogger("probserve.ingress")
 
@@ -42,7 +42,7 @@ class ReplicaClient:
         await self.check_started(model)
         try:
             return await self.watched(model, generate_all(self.replicas[model], engine_requests))
-        except REFUSED as error:
+        except TRANSIENT as error:
             raise self.refusal(error) from None
 
     async def full_vocab_windows(self, model: str,
@@ -57,7 +57,7 @@ class ReplicaClient:
             items = await self.watched(model, call._to_object_ref_gen())
             while (window := await self.next_window(model, items)) is not None:
                 yield window
-        except REFUSED as error:
+        except TRANSIENT as error:
             raise self.refusal(error) from None
         finally:
             call.cancel()

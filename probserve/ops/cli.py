@@ -101,6 +101,51 @@ def command_serve(options: argparse.Namespace) -> None:
         local_ray.stop()
 
 
+def command_score(options: argparse.Namespace) -> None:
+    from probserve.batch.dataset import ScoreOptions
+    from probserve.batch.scoring import score_dataset
+    from probserve.errors import APIError
+
+    asked = ScoreOptions(model=options.model, column=options.column, id_column=options.id_column,
+                         top_k=options.top_k, labels=tuple(options.labels or ()),
+                         full_vocab=options.full_vocab, tenant=options.tenant)
+    try:
+        run = score_dataset(options.input, options.output, asked, address=options.address,
+                            app_name=options.app, shard_rows=options.shard_rows, scorers=options.scorers,
+                            in_flight=options.in_flight)
+    except APIError as error:
+        raise SystemExit(f"probserve score: {error.message} ({error.code})") from None
+    print(f"scored {run.documents - run.refused} documents ({run.scored_tokens} tokens, "
+          f"{run.tokens_per_s:.0f} tokens/s), refused {run.refused} (their rows say why); "
+          f"{run.parts_written} parts written, {run.parts_skipped} done before, in {options.output}")
+
+
+def score_arguments(score: argparse.ArgumentParser) -> None:
+    score.add_argument("input", help="a .jsonl or .parquet file, or a folder of them (a path, or a URL "
+                       "pyarrow's filesystems take: s3://, gs://, hdfs://)")
+    score.add_argument("--model", required=True, help="a model the running service serves")
+    score.add_argument("--output", required=True, help="the folder of Parquet parts (path or URL); "
+                       "a rerun into it skips the parts already there")
+    score.add_argument("--column", default="text", help="the documents: a text, token ids or chat "
+                       "messages a row (default %(default)s)")
+    score.add_argument("--id-column", help="a column carried to the output beside `row`")
+    score.add_argument("--top-k", type=int, default=0, help="the top k of each position too")
+    score.add_argument("--labels", type=int, nargs="+", metavar="ID",
+                       help="these token ids' logprobs at the position after each document")
+    score.add_argument("--full-vocab", action="store_true", help="every token's logprob at every "
+                       "position, a fixed-size float32 list a position (lower --in-flight: a group's "
+                       "rows are held whole)")
+    score.add_argument("--tenant", default="", help="whose prefix caches the requests share")
+    score.add_argument("--address", help="the Ray cluster's GCS address (default: this machine's)")
+    score.add_argument("--app", default="probserve", help="the Serve application (default %(default)s)")
+    score.add_argument("--shard-rows", type=int, default=64, help="documents a part (default %(default)s)")
+    score.add_argument("--scorers", type=int, default=1,
+                       help="Ray Data's scorer actors (default %(default)s)")
+    score.add_argument("--in-flight", type=int, default=16,
+                       help="documents each scorer has in the engine at once (default %(default)s)")
+    score.set_defaults(run=command_score)
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="probserve", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
@@ -124,6 +169,9 @@ def parser() -> argparse.ArgumentParser:
                        help="Ray's metrics export port, where Prometheus scrapes every process's "
                             "metrics (default %(default)s; a cluster joined with --address has its own)")
     serve.set_defaults(run=command_serve)
+
+    score_arguments(commands.add_parser("score", help="score a dataset on Ray Data into Parquet, "
+                                        "through the running service's models (docs/batch.md)"))
 
     keys = commands.add_parser("keys", help="API keys (docs/tenancy.md)").add_subparsers(
         dest="action", required=True)

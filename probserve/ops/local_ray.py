@@ -2,15 +2,13 @@
 
 import math
 import os
-import secrets
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import httpx
 
 from probserve.config import AppConfig
-from probserve.store.home import apply_cache_environment
+from probserve.store.home import apply_cache_environment, keep_ray_token_at_home
 from probserve.store.model_store import BUILDERS, prepare
 
 APP_NAME = "probserve"
@@ -63,20 +61,6 @@ def logical_resources(config: AppConfig) -> tuple[int, dict[str, int]]:
             wanted[name] += amount * replicas
     cpus = max(os.cpu_count() or 1, math.ceil(wanted.pop("CPU")) + 1)
     return cpus, {name: math.ceil(amount) for name, amount in wanted.items()}
-
-
-def keep_ray_token_at_home(home: Path) -> None:
-    """Ray 2.60 turns its token authentication on for a local cluster and would keep the token
-    in ~/.ray: keep it under PROBSERVE_HOME instead (made once, readable by its owner only),
-    unless the environment names one."""
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
-        return
-    token = home / "ray" / "auth_token"
-    if not token.exists():
-        token.parent.mkdir(parents=True, exist_ok=True)
-        token.touch(mode=0o600)
-        token.write_text(secrets.token_hex(32))
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
 
 
 def prepare_embedded_models(config: AppConfig) -> None:

@@ -2,6 +2,7 @@
 Hugging Face writing inside it."""
 
 import os
+import secrets
 from pathlib import Path
 
 
@@ -39,3 +40,17 @@ def apply_cache_environment() -> Path:
         (home / folder).mkdir(parents=True, exist_ok=True)
     os.environ.update(env)
     return home
+
+
+def keep_ray_token_at_home(home: Path) -> None:
+    """Ray 2.60 turns its token authentication on for a local cluster and would keep the token
+    in ~/.ray: keep it under PROBSERVE_HOME instead (made once, readable by its owner only),
+    unless the environment names one."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    token = home / "ray" / "auth_token"
+    if not token.exists():
+        token.parent.mkdir(parents=True, exist_ok=True)
+        token.touch(mode=0o600)
+        token.write_text(secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token)
