@@ -162,6 +162,7 @@ class BatchRunner:
         self.config = config.batch
         self.storage = Storage(config.batch.root())
         self.runs: dict[tuple[str, str], BatchRun] = {}
+        self.finished: dict[tuple[str, str], str] = {}  # a finished batch's status never changes
         self.tasks: set[asyncio.Task] = set()
         self.app_name = serve.get_replica_context().app_name
         self.metrics = BatchMetrics()
@@ -208,8 +209,15 @@ class BatchRunner:
         """Every few seconds: the batches left unfinished (a restart, a lost start) resume,
         and the batches by status are counted."""
         counts = dict.fromkeys(records.STATUSES, 0)
-        for tenant, record in self.storage.all_batches():
-            counts[record["status"]] += 1
-            if not records.is_finished(record):
-                await self.start(tenant, record["id"])
+        for key in self.storage.batch_ids():
+            counts[self.finished.get(key) or await self.status_resumed(*key)] += 1
         self.metrics.counted(counts)
+
+    async def status_resumed(self, tenant: str, batch_id: str) -> str:
+        """The batch's status, after starting it again if it is left unfinished."""
+        record = self.storage.batch(tenant, batch_id)
+        if records.is_finished(record):
+            self.finished[tenant, batch_id] = record["status"]
+        else:
+            await self.start(tenant, batch_id)
+        return record["status"]

@@ -149,9 +149,10 @@ class Storage:
         records = (read_json(path) for path in folder.glob("batch_*.json")) if folder.exists() else ()
         return sorted((r for r in records if r), key=lambda r: (r["created_at"], r["id"]), reverse=True)
 
-    def all_batches(self) -> Iterator[tuple[str, dict]]:
-        """Every tenant's batches, for the runner to resume after a restart."""
+    def batch_ids(self) -> Iterator[tuple[str, str]]:
+        """Every tenant's batches by name, none read: the runner reads those it does not know
+        to be finished."""
         for folder in sorted(self.root.glob("*/batches")):
             tenant = folder_tenant(folder.parent.name)
             if tenant is not None:
-                yield from ((tenant, record) for record in self.batches(tenant))
+                yield from ((tenant, path.stem) for path in sorted(folder.glob("batch_*.json")))

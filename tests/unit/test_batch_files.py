@@ -64,8 +64,7 @@ def test_batch_records_are_written_whole_and_found_for_resuming(storage):
     storage.save_batch("", {**record, "id": "batch_" + "b" * 32})
     assert storage.batch("alpha", record["id"]) == record
     assert not [p for p in storage.root.rglob(".*")]  # no staging file left behind
-    assert sorted((t, r["id"]) for t, r in storage.all_batches()) == [("", "batch_" + "b" * 32),
-                                                                    ("alpha", record["id"])]
+    assert list(storage.batch_ids()) == [("", "batch_" + "b" * 32), ("alpha", record["id"])]
     with pytest.raises(APIError) as refused:
         storage.batch("beta", record["id"])
     assert (refused.value.status, refused.value.code) == (404, "batch_not_found")
