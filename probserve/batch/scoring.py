@@ -204,12 +204,13 @@ def score_dataset(input_uri: str, output_uri: str, options: ScoreOptions, *, add
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False
         shards_ds = ray.data.from_items([dataclasses.asdict(s) for s in todo], override_num_blocks=len(todo))
+        # A scorer that dies is restarted and its shard sent again: Ray Data's actor pools
+        # default to max_restarts=-1 and max_task_retries=-1.
         scored = shards_ds.map_batches(
             ShardScorer, batch_size=1, batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=scorers), num_cpus=scorer_cpus,
             fn_constructor_kwargs={"input_uri": input_uri, "output_uri": output_uri, "options": options,
-                                   "app_name": app_name, "in_flight": in_flight},
-            max_restarts=-1, max_task_retries=-1)
+                                   "app_name": app_name, "in_flight": in_flight})
         for part in scored.iter_rows():
             for name in counts:
                 counts[name] += int(part[name])
