@@ -233,6 +233,12 @@ class PartColumns:
         self.scores.append(scored)
         self.errors.append(error)
 
+    def refused(self) -> int:
+        return sum(error is not None for error in self.errors)
+
+    def scored_tokens(self) -> int:
+        return sum(len(s[0]) - 1 for s in self.scores if s is not None)
+
     def table(self) -> pa.Table:
         columns = {ROW: pa.array(self.rows, pa.int64())}
         if self.options.id_column:
@@ -260,10 +266,10 @@ def document_scores(result: EngineResult, options: ScoreOptions) -> tuple:
     labels = np.empty(0, np.float32)
     if options.labels:
         labels = result.completions[0].logprobs.top(0, len(options.labels))[1]
-    vocab_rows = np.empty((0, 0), np.float32)
+    vocab_rows = []  # kept in the engine's chunks: the part's column copies them once
     if options.full_vocab:
-        rows = [chunk.logprobs for chunk in result.full_vocab.chunks]
-        vocab_rows = np.concatenate([np.zeros((1, rows[0].shape[1]), np.float32), *rows])
+        vocab_rows = [chunk.logprobs for chunk in result.full_vocab.chunks]
+        vocab_rows.insert(0, np.zeros((1, vocab_rows[0].shape[1]), np.float32))
     return token_ids, logprobs, ranks, top_ids, top_logprobs, labels, vocab_rows
 
 
@@ -309,6 +315,6 @@ def score_columns(scores: list[tuple | None], options: ScoreOptions,
 def full_vocab_rows(present: list[tuple], unpredicted: np.ndarray, width: int) -> pa.Array:
     """Every position's distribution as a fixed-size float32 list (null at position 0), in
     token-id order: `vocab_logprobs[d][p][t]` is token t's logprob at position p."""
-    values = np.concatenate([s[6] for s in present]) if present else np.empty((0, width), np.float32)
+    values = np.concatenate([rows for s in present for rows in s[6]] or [np.empty((0, width), np.float32)])
     return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), width,
                                              mask=pa.array(unpredicted))

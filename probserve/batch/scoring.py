@@ -85,8 +85,8 @@ class ShardScorer:
                 columns = PartColumns.empty(self.options, id_type, self.vocab.logits_size)
                 self.score_group(documents[start:start + self.in_flight], shard.first_row + start, columns)
                 write(columns.table())
-                counts["refused"] += sum(error is not None for error in columns.errors)
-                counts["tokens"] += sum(s[0].size - 1 for s in columns.scores if s is not None)
+                counts["refused"] += columns.refused()
+                counts["tokens"] += columns.scored_tokens()
         return pa.table({name: [value] for name, value in counts.items()})
 
     def score_group(self, documents: list[dict], first_row: int, columns: PartColumns) -> None:
