@@ -93,6 +93,11 @@ class ModelConfig(Strict):
     # it: beyond, 503 `overloaded` at once, and its place goes to the next. A burst is answered
     # or refused within a bound. A model scaled to zero waits for the replica its request wakes.
     max_queue_wait_s: float = Field(30, gt=0)
+    # Background requests (batch lines, dataset documents) one replica's engine holds at once;
+    # the rest wait in the replica. vLLM schedules online requests before the background ones
+    # it holds waiting, but a request it has started finishes its prefill first: this bounds
+    # the background work an online request can find ahead of it.
+    max_background_in_engine: int = Field(4, ge=1)
     # Ray Serve asks each replica for vLLM's engine health this often; a replica that fails
     # (its engine process died) or takes longer than the timeout is replaced.
     health_check_period_s: float = Field(10, gt=0)
@@ -174,7 +179,7 @@ class SerializerPoolConfig(Strict):
 
 
 class BatchConfig(Strict):
-    """OpenAI's Files and Batch APIs (probserve.batch, docs/batch.md)."""
+    """OpenAI's Files and Batch APIs (probserve.batch, docs/operations.md "Batches")."""
 
     # The folder of uploaded files, batch records and their results; every ingress replica and
     # the batch runner must see the same one (a shared volume on a cluster). None:
@@ -183,9 +188,14 @@ class BatchConfig(Strict):
     # The largest upload and the most requests in one batch (OpenAI's own bounds).
     max_file_bytes: int = Field(200 << 20, ge=1024)
     max_lines: int = Field(50_000, ge=1)
-    # Lines of one batch the runner sends at once: more keep a model busier, and take more of
-    # the tenant's in-flight places.
+    # Lines the runner sends at once, over all its batches: more keep a model busier, and take
+    # more of the tenants' in-flight places; fewer leave more of each model replica's
+    # max_ongoing_requests to online requests.
     lines_in_flight: int = Field(8, ge=1)
+    # vLLM's scheduling priority of batch lines and dataset documents, lower first: above 0,
+    # online requests (0) go first and background work takes what they leave (each model's
+    # max_background_in_engine); 0 makes batch work compete with online requests as equals.
+    priority: int = Field(1, ge=0)
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.1}
 
     def root(self) -> Path:

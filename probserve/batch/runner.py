@@ -35,13 +35,14 @@ class BatchRun:
     """One batch being worked through."""
 
     def __init__(self, storage: Storage, tenant: str, record: dict, ingress, config: BatchConfig,
+                 slots: asyncio.Semaphore,
                  observe: Callable[[str, str, int], None] = lambda endpoint, outcome, tokens: None):
         self.storage, self.tenant, self.record, self.ingress = storage, tenant, record, ingress
         self.observe = observe  # each line: its endpoint, outcome and prompt tokens
         self.max_lines = config.max_lines
         self.work = storage.work_folder(tenant, record["id"])
         self.output, self.errors = self.work / "output.jsonl", self.work / "errors.jsonl"
-        self.slots = asyncio.Semaphore(config.lines_in_flight)
+        self.slots = slots  # the runner's lines in flight, shared by its batches
         self.cancelled = record["status"] == "cancelling"
         self.saved_at = 0.0
 
@@ -164,6 +165,7 @@ class BatchRunner:
         self.runs: dict[tuple[str, str], BatchRun] = {}
         self.finished: dict[tuple[str, str], str] = {}  # a finished batch's status never changes
         self.tasks: set[asyncio.Task] = set()
+        self.slots = asyncio.Semaphore(config.batch.lines_in_flight)
         self.app_name = serve.get_replica_context().app_name
         self.metrics = BatchMetrics()
 
@@ -175,7 +177,7 @@ class BatchRunner:
         if records.is_finished(record):
             return
         ingress = serve.get_deployment_handle("Ingress", self.app_name)
-        run = BatchRun(self.storage, tenant, record, ingress, self.config, self.metrics.line)
+        run = BatchRun(self.storage, tenant, record, ingress, self.config, self.slots, self.metrics.line)
         self.runs[tenant, batch_id] = run
         task = asyncio.get_running_loop().create_task(self.watched(run))
         self.tasks.add(task)

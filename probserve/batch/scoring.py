@@ -66,6 +66,7 @@ class ShardScorer:
         config: AppConfig = serve.get_deployment_handle("Ingress", app_name).app_config.remote().result()
         self.model = config.model(options.model)
         self.ingress = config.ingress
+        self.priority = config.batch.priority  # background work, as a batch's lines
         self.vocab = Vocabulary.load(self.model.resolved_path())
         self.replica = serve.get_deployment_handle(model_deployment_name(options.model), app_name)
         # Each thread waits on one document's call: Serve's handle sends them from its own loop.
@@ -106,7 +107,7 @@ class ShardScorer:
         try:
             request = dataset.admit_document(document, self.options, self.model.capabilities,
                                              self.ingress, self.vocab)
-            request = dataclasses.replace(request, tenant=self.options.tenant)
+            request = dataclasses.replace(request, tenant=self.options.tenant, priority=self.priority)
             give_up = time.monotonic() + RETRY_FOR_S
             while True:
                 try:

@@ -14,6 +14,7 @@ import uuid
 from ray import serve
 
 from probserve.config import ModelConfig
+from probserve.engine.background import BackgroundShare
 from probserve.engine.scored_cache import ScoredPrefixCache
 from probserve.engine.shared_prefix import InFlightPrefixes
 from probserve.engine.vllm_fence import (
@@ -89,6 +90,7 @@ def engine_args(model: ModelConfig):
         kv_cache_memory_bytes=cpu_kv_cache,
         block_size=model.kv_block_size,
         disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
+        scheduling_policy="priority",  # online requests before batch work (EngineRequest.priority)
     )
 
 
@@ -220,6 +222,7 @@ class ModelReplica:
         # Whole KV blocks a window, so that each reads every block before it.
         self.window = max(model.full_vocab_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
+        self.background = BackgroundShare(model.max_background_in_engine)
         scoring = model.scored_cache
         self.scored = ScoredPrefixCache(block, scoring.top_k, scoring.max_bytes) if scoring.enabled else None
         longest = self.engine.vllm_config.model_config.max_model_len - 3  # the prompt and its 2 tokens
@@ -245,7 +248,8 @@ class ModelReplica:
         final, generated = None, 0
         try:
             async for output in self.engine.generate(prompt, sampling_params(request, stream),
-                                                     f"{self.model.name}-{uuid.uuid4().hex}"):
+                                                     f"{self.model.name}-{uuid.uuid4().hex}",
+                                                     priority=request.priority):
                 final = output
                 generated += sum(len(c.token_ids) for c in output.outputs)
                 yield output
@@ -270,7 +274,8 @@ class ModelReplica:
     async def generate(self, request: EngineRequest) -> EngineResult:
         self.check_queue_time(request)
         tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
-        async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace):
+        async with (self.background.turn(request),
+                    self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace)):
             if not self.uses_scored_cache(request):
                 return await self.final_result(request)
             plan = self.scored.plan(request, namespace)
@@ -302,17 +307,19 @@ class ModelReplica:
         store owned by the caller, which hands the chunks to the serializer pool unread
         (rows nested in an item could be freed early: ray-project/ray#58082)."""
         self.check_queue_time(request)
-        for window in full_vocab_windows(request, self.window, self.block):
-            result = await self.final_result(window)
-            yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
-            for chunk in result.full_vocab.chunks:
-                yield chunk
+        async with self.background.turn(request):
+            for window in full_vocab_windows(request, self.window, self.block):
+                result = await self.final_result(window)
+                yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
+                for chunk in result.full_vocab.chunks:
+                    yield chunk
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
         self.check_queue_time(request)
-        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
-                                      self.cache_namespace(request)):
+        async with (self.background.turn(request),
+                    self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
+                                       self.cache_namespace(request))):
             async for output in self.outputs(request, stream=True):
                 yield engine_result(output, request.sent_at)
 

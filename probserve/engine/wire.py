@@ -15,6 +15,8 @@ def token_array(token_ids) -> np.ndarray:
     return np.asarray(token_ids, np.int32)
 
 
+ONLINE = 0  # EngineRequest.priority of the API's own callers
+
 # Generated tokens a request scoring its prompt may ask for and still be waited for.
 SCORING_MAX_TOKENS = 16
 
@@ -53,6 +55,12 @@ class EngineRequest:
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
     tenant: str = ""  # the caller's: its own entries in the scored-prefix cache
+    # vLLM's scheduling priority, lower first: ONLINE for the API's callers, higher for batch
+    # lines and dataset documents (BatchConfig.priority), which take what online work leaves.
+    priority: int = 0
+
+    def background(self) -> bool:
+        return self.priority > ONLINE
 
     def scores(self) -> bool:
         """A scoring request: prompt rows, and so few tokens to generate that it ends soon

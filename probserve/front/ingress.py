@@ -35,7 +35,7 @@ from probserve.api.request_models import (
 )
 from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
 from probserve.config import AppConfig, Capabilities, ModelConfig
-from probserve.engine.wire import EngineRequest, EngineResult
+from probserve.engine.wire import ONLINE, EngineRequest, EngineResult
 from probserve.errors import APIError, invalid, not_ready
 from probserve.front.batch_api import BatchAPI
 from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
@@ -77,11 +77,13 @@ class Call:
     vocab: Vocabulary
     caps: Capabilities
     record: RequestRecord
+    priority: int = ONLINE  # the engine's scheduling priority (a batch line's: BatchConfig.priority)
 
 
 def tenants_requests(call: Call, admitted: Admitted) -> list[EngineRequest]:
-    """The engine requests, each with its tenant (whose prefix caches it uses)."""
-    return [dataclasses.replace(r, tenant=call.record.tenant) for r in admitted.engine_requests]
+    """The engine requests, each with its tenant (whose prefix caches it uses) and priority."""
+    return [dataclasses.replace(r, tenant=call.record.tenant, priority=call.priority)
+            for r in admitted.engine_requests]
 
 
 def record_of(request: Request) -> RequestRecord:
@@ -198,12 +200,10 @@ class Ingress:
             try:
                 tenant = await self.access.admit_named(tenant_name, record)
                 if endpoint == "/v1/completions":
-                    call = self.call(tenant, record, body, CompletionRequest, self.completion_rules)
-                    fits_a_batch(call.body)
+                    call = self.batch_call(tenant, record, body, CompletionRequest, self.completion_rules)
                     answer = await self.completion_body(call, await self.admit_completion(call))
                 else:
-                    call = self.call(tenant, record, body, ChatRequest, self.chat_rules)
-                    fits_a_batch(call.body)
+                    call = self.batch_call(tenant, record, body, ChatRequest, self.chat_rules)
                     answer = await self.chat_body(call, await self.admit_chat(call))
                 return batch_answer(record, 200, answer)
             except APIError as error:
@@ -306,6 +306,13 @@ class Ingress:
         model = self.model(body.model, tenant)
         return Call(tenant, body, model, self.vocabularies[model.name],
                     tenant.capabilities(model.capabilities), record)
+
+    def batch_call(self, tenant: Tenant, record: RequestRecord, raw: dict, kind: type[StrictRequest],
+                   rules: Callable[[Capabilities | None], dict[str, str]]) -> Call:
+        """A batch line's call: as online, at the batch's priority."""
+        call = self.call(tenant, record, raw, kind, rules)
+        fits_a_batch(call.body)
+        return dataclasses.replace(call, priority=self.config.batch.priority)
 
     async def admit_completion(self, call: Call) -> Admitted:
         admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab)

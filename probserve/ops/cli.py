@@ -171,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=command_serve)
 
     score_arguments(commands.add_parser("score", help="score a dataset on Ray Data into Parquet, "
-                                        "through the running service's models (docs/batch.md)"))
+                                        "through the running service's models (docs/api.md)"))
 
     keys = commands.add_parser("keys", help="API keys (docs/tenancy.md)").add_subparsers(
         dest="action", required=True)

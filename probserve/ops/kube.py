@@ -26,6 +26,8 @@ OVERLAYS = {"cpu-demo": "deployments/local.yaml", "gpu": "deployments/gpu.yaml",
 CPU_GROUP_RESOURCE = "probserve-cpu"
 MODEL_GROUP_PREFIX = "probserve-model-"
 MODELS_MOUNT = "/models"
+# The Files and Batch APIs' folder (batch.storage), shared by every CPU pod (k8s/batch-volume).
+BATCH_MOUNT = "/var/lib/probserve/batch"
 GIB = 1 << 30
 # Per pod, beyond what the replicas ask: Ray's raylet and agents, and the object store (full-
 # vocabulary chunks on their way from a model replica to the pool: at most `window` chunks of
@@ -121,6 +123,15 @@ def models_volume_ops(groups: list[str]) -> list[dict]:
     return ops
 
 
+def batch_volume_ops(cpu_group: str) -> list[dict]:
+    """The batch volume (a ReadWriteMany claim) on the CPU pods, where the ingress replicas and
+    the batch runner keep files and batches: one folder, whichever pod each runs on."""
+    return [{"op": "add", "path": f"{cpu_group}/template/spec/volumes/-",
+             "value": {"name": "batch", "persistentVolumeClaim": {"claimName": "probserve-batch"}}},
+            {"op": "add", "path": f"{cpu_group}/template/spec/containers/0/volumeMounts/-",
+             "value": {"name": "batch", "mountPath": BATCH_MOUNT}}]
+
+
 def overlay_patch(document: dict, base: dict) -> list[dict]:
     """The JSON patch (RFC 6902) an overlay applies to the base RayService."""
     config = AppConfig.model_validate(document["applications"][0]["args"])
@@ -139,6 +150,8 @@ def overlay_patch(document: dict, base: dict) -> list[dict]:
             pods.append(f"{CLUSTER}/workerGroupSpecs/{len(pods)}")
     if any(model.path and model.path.startswith(MODELS_MOUNT + "/") for model in config.models):
         ops += models_volume_ops(pods)
+    if config.batch.storage == BATCH_MOUNT:
+        ops += batch_volume_ops(pods[0])
     return ops
 
 

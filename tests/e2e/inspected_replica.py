@@ -3,6 +3,7 @@ it (how many engine requests reached it, what its engine holds, its engine's pro
 none of that lives on the production replica."""
 
 import sys
+from collections import Counter
 
 from ray import cloudpickle, serve
 
@@ -12,10 +13,12 @@ from probserve.engine.replica import ModelReplica
 class InspectedReplica(ModelReplica.func_or_class):
     async def __init__(self, *args, **kwargs):
         self.requests_received = 0
+        self.priorities = Counter()
         await super().__init__(*args, **kwargs)
 
     async def outputs(self, request, stream: bool):
         self.requests_received += 1
+        self.priorities[request.priority] += 1
         async for output in super().outputs(request, stream):
             yield output
 
@@ -23,6 +26,10 @@ class InspectedReplica(ModelReplica.func_or_class):
         """Engine requests this replica has received (warm-up and self-checks included): the
         signal that refused requests never get here."""
         return self.requests_received
+
+    def requests_by_priority(self) -> dict[int, int]:
+        """Engine requests received at each scheduling priority."""
+        return dict(self.priorities)
 
     def unfinished_requests(self) -> int:
         """Requests the engine holds (running or waiting): a client that leaves must not

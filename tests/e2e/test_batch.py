@@ -20,6 +20,7 @@ from probserve.store.model_store import SMOLLM2
 from tests.e2e.conftest import BATCH_MAX_FILE_BYTES, MAX_LOGPROBS, MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.test_faults import engine_core, wait_until_healthy
+from tests.e2e.test_online_first import BACKGROUND, requests_by_priority
 
 pytestmark = pytest.mark.e2e
 
@@ -97,7 +98,10 @@ def test_the_sdk_runs_a_batch_whose_answers_are_the_online_ones(client, http):
            "full-vocab": scoring("x", echo=False, logprobs=None, prompt_logprobs=-1)}
     lines = [request_line(i, body) for i, body in {**good, **bad}.items()]
     lines.append({**request_line("wrong-url", good["good-0"]), "url": "/v1/chat/completions"})
+    before = requests_by_priority()
     batch = run_batch(client, lines)
+    # Each line the engine computed came at the batch's priority, behind online requests.
+    assert requests_by_priority().get(BACKGROUND, 0) - before.get(BACKGROUND, 0) == len(good)
     assert batch.status == "completed", batch
     assert batch.request_counts.model_dump() == {"total": len(lines), "completed": len(good),
                                                  "failed": len(lines) - len(good)}

@@ -18,6 +18,7 @@ from probserve.batch.dataset import ScoreOptions
 from probserve.batch.scoring import score_dataset
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_top_k
+from tests.e2e.test_online_first import BACKGROUND, requests_by_priority
 
 pytestmark = pytest.mark.e2e
 
@@ -142,7 +143,10 @@ def token_parquet(tmp_path_factory, reference):
 def test_labels_are_scored_after_each_document_as_online(base_url, http, token_parquet, tmp_path, reference):
     path, ids = token_parquet
     options = ScoreOptions(model=MODEL, column="tokens", labels=LABELS)
+    before = requests_by_priority()
     score_dataset(str(path), str(tmp_path / "out"), options, shard_rows=2, progress=False)
+    # Each document came to the engine at the batch's priority, behind online requests.
+    assert requests_by_priority().get(BACKGROUND, 0) - before.get(BACKGROUND, 0) == len(ids)
     table = pq.read_table(tmp_path / "out").sort_by("row")
     for row, prompt in zip(table.to_pylist(), ids):
         expected = reference.log_softmax(prompt)[-1][list(LABELS)]

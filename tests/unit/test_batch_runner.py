@@ -24,6 +24,7 @@ class FakeIngress:
 
     def __init__(self, waits: int = 0, answered: int | None = None):
         self.sent: list[str] = []
+        self.waiting: set[str] = set()  # the lines held until `go`
         self.waits, self.answered = waits, answered
         self.go = asyncio.Event()
         self.batch_line = SimpleNamespace(remote=self.answer)
@@ -31,6 +32,7 @@ class FakeIngress:
     async def answer(self, tenant: str, endpoint: str, body: dict) -> dict:
         assert tenant == TENANT
         if self.answered is not None and len(self.sent) >= self.answered:
+            self.waiting.add(body["prompt"])
             await self.go.wait()
         self.sent.append(body["prompt"])
         if body["prompt"] == "wait" and self.waits:
@@ -59,7 +61,7 @@ def batch_of(storage: Storage, prompts: list[str]) -> dict:
 def run(storage: Storage, record: dict, ingress: FakeIngress, lines_in_flight: int = 3,
         observed: list | None = None) -> BatchRun:
     batch = BatchRun(storage, TENANT, storage.batch(TENANT, record["id"]), ingress,
-                     BatchConfig(lines_in_flight=lines_in_flight),
+                     BatchConfig(), asyncio.Semaphore(lines_in_flight),
                      lambda *line: observed.append(line) if observed is not None else None)
     asyncio.run(batch.run())
     return batch
@@ -136,7 +138,7 @@ def test_a_cancelled_batch_stops_and_keeps_what_it_did(storage):
     ingress = FakeIngress(answered=4)
 
     async def cancel_after_some():
-        batch = BatchRun(storage, TENANT, record, ingress, BatchConfig(lines_in_flight=2))
+        batch = BatchRun(storage, TENANT, record, ingress, BatchConfig(), asyncio.Semaphore(2))
         work = asyncio.create_task(batch.run())
         while len(ingress.sent) < 4:
             await asyncio.sleep(0.001)
@@ -150,3 +152,22 @@ def test_a_cancelled_batch_stops_and_keeps_what_it_did(storage):
     output = result_lines(storage, done["output_file_id"])
     assert 4 <= len(output) < 20 == done["request_counts"]["total"]
     assert done["request_counts"]["completed"] == len(output) == len(ingress.sent)
+
+
+def test_batches_share_the_runner_s_lines_in_flight(storage):
+    """Two batches at once send no more lines together than the runner's bound: the rest of
+    each model replica's places stay with online requests."""
+    ingress = FakeIngress(answered=0)
+    slots = asyncio.Semaphore(3)
+    batches = [BatchRun(storage, TENANT, batch_of(storage, [f"{b}-{i}" for i in range(5)]), ingress,
+                        BatchConfig(), slots) for b in "ab"]
+
+    async def both():
+        work = [asyncio.create_task(batch.run()) for batch in batches]
+        await asyncio.sleep(0.05)
+        waiting = len(ingress.waiting)
+        ingress.go.set()
+        await asyncio.gather(*work)
+        return waiting
+    assert asyncio.run(both()) == 3
+    assert all(batch.record["request_counts"]["completed"] == 5 for batch in batches)

@@ -222,3 +222,21 @@ def test_tenancy_files_are_where_the_secrets_are_mounted():
     assert Path(tenancy["secret_file"]).parent.as_posix() in mounts
     (redis,) = [s for s in of_kind("production", "Service") if s["metadata"]["name"] == "redis"]
     assert tenancy["storage"] == f"redis://redis:{redis['spec']['ports'][0]['port']}/0"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_cpu_pod_sees_the_same_batch_storage(overlay):
+    """The ingress replicas and the batch runner, on whichever CPU pods they run, keep files and
+    batches in one folder: a ReadWriteMany claim mounted at batch.storage, wherever the CPU
+    group may have more than one pod."""
+    config = AppConfig.model_validate(serve_document(overlay)["applications"][0]["args"])
+    cpu = groups(rayservice(overlay))[0]
+    if config.batch.storage is None:  # PROBSERVE_HOME/batch: a folder of one pod's own
+        assert cpu["maxReplicas"] == 1
+        return
+    (container,) = cpu["template"]["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == config.batch.storage]
+    (volume,) = [v for v in cpu["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    claim = volume["persistentVolumeClaim"]["claimName"]
+    (pvc,) = [c for c in of_kind(overlay, "PersistentVolumeClaim") if c["metadata"]["name"] == claim]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and not mount.get("readOnly")

@@ -1,0 +1,61 @@
+"""Online requests first: batch work (BatchConfig.priority) queued in a model replica ahead
+of an online request does not hold it back, and batch lines and dataset documents reach the
+engine at the batch's priority (test_batch.py, test_dataset_scoring.py)."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from ray import serve
+
+from probserve.config import BatchConfig, ModelConfig
+from probserve.engine.wire import ONLINE, EngineRequest
+from probserve.ops.app import model_deployment_name
+from probserve.ops.local_ray import APP_NAME
+from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
+
+pytestmark = pytest.mark.e2e
+
+BACKGROUND = BatchConfig().priority
+QUEUED = 32  # background requests sent before the online one
+IN_ENGINE = ModelConfig(name=MODEL).max_background_in_engine
+
+
+def replica():
+    return serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
+
+
+def requests_by_priority() -> dict[int, int]:
+    """Engine requests the model's replica has received at each priority."""
+    return replica().requests_by_priority.remote().result()
+
+
+def scoring(priority: int, first: int, length: int) -> EngineRequest:
+    """A prompt scored whole, as a batch's echo lines are; each its own first token, so that
+    none waits for another's prefix or reads it from a cache."""
+    return EngineRequest(prompt_token_ids=list(range(first, first + length)), max_tokens=1, temperature=0.0,
+                         top_p=1.0, logprobs=1, prompt_logprobs=1, priority=priority, sent_at=time.time())
+
+
+def test_an_online_request_passes_the_background_work_queued_before_it(base_url):
+    """Without priorities the engine takes the 32 long prompts first, in arrival order, and
+    the online request ends with the last of them; with them, it waits for at most the few
+    the replica lets into its engine and the step they are in."""
+    handle = replica()
+    background = [handle.generate.remote(scoring(BACKGROUND, 5 + i, MAX_MODEL_LEN - 100))
+                  for i in range(QUEUED)]
+    online = handle.generate.remote(scoring(ONLINE, 1000, 8))
+    with ThreadPoolExecutor(QUEUED + 1) as threads:
+        ended = list(threads.map(lambda response: (response.result(), time.monotonic())[1],
+                                 [online, *background]))
+    online_ended, after_online = ended[0], sum(end > ended[0] for end in ended[1:])
+    assert after_online >= QUEUED - 3 * IN_ENGINE, (after_online, online_ended)
+
+
+def test_the_api_s_own_requests_reach_the_engine_as_online_ones(http):
+    before = requests_by_priority()
+    body = {"model": MODEL, "prompt": "online", "max_tokens": 1, "temperature": 0}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    after = requests_by_priority()
+    assert after[ONLINE] == before.get(ONLINE, 0) + 1
+    assert after.get(BACKGROUND, 0) == before.get(BACKGROUND, 0)

@@ -1,0 +1,53 @@
+import asyncio
+
+from probserve.engine.background import BackgroundShare
+from probserve.engine.wire import EngineRequest
+
+ONLINE = EngineRequest(prompt_token_ids=[1, 2], max_tokens=1, temperature=0.0, top_p=1.0)
+BATCH = EngineRequest(prompt_token_ids=[1, 2], max_tokens=1, temperature=0.0, top_p=1.0, priority=1)
+
+
+def test_background_requests_take_the_places_and_online_ones_pass_them():
+    async def scenario():
+        share, release = BackgroundShare(2), asyncio.Event()
+        inside: list[str] = []
+
+        async def enter(name: str, request: EngineRequest):
+            async with share.turn(request):
+                inside.append(name)
+                await release.wait()
+        tasks = [asyncio.create_task(enter(f"batch-{i}", BATCH)) for i in range(4)]
+        tasks.append(asyncio.create_task(enter("online", ONLINE)))
+        await asyncio.sleep(0.01)
+        held = (sorted(inside), share.waiting)
+        release.set()
+        await asyncio.gather(*tasks)
+        return held, sorted(inside), share.waiting
+    held, everyone, waiting = asyncio.run(scenario())
+    assert held == (["batch-0", "batch-1", "online"], 2)
+    assert everyone == ["batch-0", "batch-1", "batch-2", "batch-3", "online"] and waiting == 0
+
+
+def test_a_place_is_given_back_when_its_request_fails_or_is_cancelled():
+    async def scenario():
+        share = BackgroundShare(1)
+        try:
+            async with share.turn(BATCH):
+                raise RuntimeError("the engine stopped")
+        except RuntimeError:
+            pass
+        holder = asyncio.create_task(hold(share))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.create_task(hold(share))
+        await asyncio.sleep(0.01)
+        waiter.cancel()  # a client gone while its request waited for a place
+        holder.cancel()
+        await asyncio.gather(holder, waiter, return_exceptions=True)
+        async with share.turn(BATCH):
+            return share.waiting
+    assert asyncio.run(scenario()) == 0
+
+
+async def hold(share: BackgroundShare):
+    async with share.turn(BATCH):
+        await asyncio.sleep(10)
