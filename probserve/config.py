@@ -93,11 +93,13 @@ class ModelConfig(Strict):
     # it: beyond, 503 `overloaded` at once, and its place goes to the next. A burst is answered
     # or refused within a bound. A model scaled to zero waits for the replica its request wakes.
     max_queue_wait_s: float = Field(30, gt=0)
-    # Background requests (batch lines, dataset documents) one replica's engine holds at once;
-    # the rest wait in the replica. vLLM schedules online requests before the background ones
-    # it holds waiting, but a request it has started finishes its prefill first: this bounds
-    # the background work an online request can find ahead of it.
+    # Background requests (batch lines, dataset documents) go into a replica's engine only
+    # while no online request is in it, this many at a time, and a prompt with rows (echo,
+    # prompt_logprobs) `background_window` positions at a time (rounded down to whole KV
+    # blocks, at least one): an online request that arrives waits for that much background
+    # work at most (probserve.engine.background).
     max_background_in_engine: int = Field(4, ge=1)
+    background_window: int = Field(512, ge=1)
     # Ray Serve asks each replica for vLLM's engine health this often; a replica that fails
     # (its engine process died) or takes longer than the timeout is replaced.
     health_check_period_s: float = Field(10, gt=0)

@@ -25,7 +25,7 @@ from probserve.engine.vllm_fence import (
     register,
     self_check,
 )
-from probserve.engine.windows import full_vocab_windows
+from probserve.engine.windows import joined_windows, prompt_windows
 from probserve.engine.wire import (
     Completion,
     EngineRequest,
@@ -221,6 +221,7 @@ class ModelReplica:
         self.block = block = self.engine.vllm_config.cache_config.block_size
         # Whole KV blocks a window, so that each reads every block before it.
         self.window = max(model.full_vocab_window // block, 1) * block
+        self.background_window = max(model.background_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
         self.background = BackgroundShare(model.max_background_in_engine)
         scoring = model.scored_cache
@@ -247,12 +248,13 @@ class ModelReplica:
                               **({"cache_salt": namespace} if namespace else {}))
         final, generated = None, 0
         try:
-            async for output in self.engine.generate(prompt, sampling_params(request, stream),
-                                                     f"{self.model.name}-{uuid.uuid4().hex}",
-                                                     priority=request.priority):
-                final = output
-                generated += sum(len(c.token_ids) for c in output.outputs)
-                yield output
+            async with self.background.turn(request):
+                async for output in self.engine.generate(prompt, sampling_params(request, stream),
+                                                         f"{self.model.name}-{uuid.uuid4().hex}",
+                                                         priority=request.priority):
+                    final = output
+                    generated += sum(len(c.token_ids) for c in output.outputs)
+                    yield output
         except EngineDeadError as error:
             raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
                                     "a new replica is being started") from None
@@ -274,15 +276,21 @@ class ModelReplica:
     async def generate(self, request: EngineRequest) -> EngineResult:
         self.check_queue_time(request)
         tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
-        async with (self.background.turn(request),
-                    self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace)):
+        async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace):
             if not self.uses_scored_cache(request):
-                return await self.final_result(request)
+                return await self.computed(request)
             plan = self.scored.plan(request, namespace)
-            result = self.scored.complete(plan, await self.final_result(plan.engine_request))
+            result = self.scored.complete(plan, await self.computed(plan.engine_request))
             from_cache = plan.known.count if plan.known is not None else 0
             self.metrics.scored(from_cache, len(request.prompt_token_ids) - 1 - from_cache, self.scored.bytes)
             return result
+
+    async def computed(self, request: EngineRequest) -> EngineResult:
+        """A background request's prompt rows a window at a time (probserve.engine.background)."""
+        if not request.background() or request.prompt_logprobs is None:
+            return await self.final_result(request)
+        windows = prompt_windows(request, self.background_window, self.block)
+        return joined_windows(windows, [await self.final_result(window) for window in windows])
 
     async def final_result(self, request: EngineRequest) -> EngineResult:
         final = await self.final_output(request)
@@ -307,19 +315,17 @@ class ModelReplica:
         store owned by the caller, which hands the chunks to the serializer pool unread
         (rows nested in an item could be freed early: ray-project/ray#58082)."""
         self.check_queue_time(request)
-        async with self.background.turn(request):
-            for window in full_vocab_windows(request, self.window, self.block):
-                result = await self.final_result(window)
-                yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
-                for chunk in result.full_vocab.chunks:
-                    yield chunk
+        for window in prompt_windows(request, self.window, self.block):
+            result = await self.final_result(window)
+            yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
+            for chunk in result.full_vocab.chunks:
+                yield chunk
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
         self.check_queue_time(request)
-        async with (self.background.turn(request),
-                    self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
-                                       self.cache_namespace(request))):
+        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
+                                      self.cache_namespace(request)):
             async for output in self.outputs(request, stream=True):
                 yield engine_result(output, request.sent_at)
 

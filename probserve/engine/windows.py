@@ -1,7 +1,9 @@
-"""Full-vocabulary windows: a prompt's rows computed W positions at a time, each window an
-engine request that reads the KV cache of the windows before it, so that its rows can leave
-as soon as it ends instead of after the whole prompt (vLLM returns a prompt's rows only when
-its prefill ends) and no process holds more than a window of [positions x vocabulary].
+"""Prompt windows: a prompt's rows computed W positions at a time, each window an engine
+request that reads the KV cache of the windows before it. Full-vocabulary rows can then leave
+as soon as their window ends instead of after the whole prompt (vLLM returns a prompt's rows
+only when its prefill ends), and no process holds more than a window of [positions x
+vocabulary]; and a background request's prefill holds the engine for one window at a time
+(probserve.engine.background).
 
 Window k shows positions kW + 1 .. (k + 1)W: its prompt ends at its last position, and it may
 read the first kW tokens from the cache, whole blocks when W is a multiple of the KV block.
@@ -12,7 +14,7 @@ Only the last window, the whole prompt, generates what the request asks.
 
 import dataclasses
 
-from probserve.engine.wire import EngineRequest
+from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs
 
 # Windows a replica may compute before its caller takes them (probserve.front.replica_router):
 # the next is ready when the pool has written one, and two windows of rows wait in Ray's
@@ -33,8 +35,8 @@ def window_starts(first: int, last: int, window: int, block: int) -> list[int]:
     return [first, *split, *range(aligned, last + 1, window)]
 
 
-def full_vocab_windows(request: EngineRequest, window: int, block: int) -> list[EngineRequest]:
-    """The engine requests that compute a full-vocabulary request's rows, in order."""
+def prompt_windows(request: EngineRequest, window: int, block: int) -> list[EngineRequest]:
+    """The engine requests that compute a request's prompt rows, in order."""
     tokens, first = request.prompt_token_ids, max(request.prompt_rows_from, 1)
     last = len(tokens) - 1  # the last position with a row
     if last <= first:
@@ -44,6 +46,15 @@ def full_vocab_windows(request: EngineRequest, window: int, block: int) -> list[
     before_last = [dataclasses.replace(request, prompt_token_ids=tokens[:end + 1], prompt_rows_from=start,
                                        **ROWS_ONLY) for start, end in zip(starts, ends)]
     return [*before_last, dataclasses.replace(request, prompt_rows_from=starts[-1])]
+
+
+def joined_windows(windows: list[EngineRequest], results: list[EngineResult]) -> EngineResult:
+    """A top-k request's result from its windows' (in order), as one engine request returns
+    it: the first window's positions, then each later one's from its first row on; what the
+    last generated; the first's queue time."""
+    starts = [0] + [window.prompt_rows_from for window in windows[1:]]
+    rows = PositionLogprobs.spliced([result.prompt_logprobs for result in results], starts)
+    return dataclasses.replace(results[-1], prompt_logprobs=rows, queue_time_s=results[0].queue_time_s)
 
 
 def stream_items_ahead(window: int, chunk_positions: int) -> int:

@@ -109,6 +109,16 @@ class PositionLogprobs:
         entry = self.offsets[position]
         return int(self.token_ids[entry]), float(self.logprobs[entry]), int(self.ranks[entry])
 
+    @classmethod
+    def spliced(cls, parts: list["PositionLogprobs"], starts: list[int]) -> "PositionLogprobs":
+        """One prompt's positions from the windows that computed them: part k's from position
+        starts[k] to its end (a window's prompt ends where the next one's rows start)."""
+        pairs = list(zip(parts, starts))
+        counts = np.concatenate([np.diff(part.offsets[start:]) for part, start in pairs])
+        entries = {name: np.concatenate([getattr(part, name)[part.offsets[start]:] for part, start in pairs])
+                   for name in ("token_ids", "logprobs", "ranks")}
+        return cls(offsets=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), **entries)
+
     def top(self, position: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The k entries after the actual token: the top-k (ranks 1..k) or the labels."""
         first = self.offsets[position] + 1

@@ -1,6 +1,10 @@
 """OpenAI's Files and Batch endpoints for the ingress: uploads streamed to storage, files and
 batch records read back, each tenant's own (probserve.batch.storage); the batch runner
-(probserve.batch.runner) works the batches."""
+(probserve.batch.runner) works the batches. Storage is read off the ingress's event loop, in a
+thread (the ingress calls the other endpoints so): it may be a network volume, and a tenant's
+listing reads each of its records."""
+
+import asyncio
 
 from fastapi import Request
 from fastapi.responses import FileResponse, Response
@@ -66,12 +70,12 @@ class BatchAPI:
     async def create(self, request: Request, tenant: str) -> Response:
         """POST /v1/batches: the record, then the runner starts on it."""
         body = parse_request(BatchRequest, await json_object(request, self.max_body_bytes), BATCH_RULES)
-        source = self.storage.file(tenant, body.input_file_id)
+        source = await asyncio.to_thread(self.storage.file, tenant, body.input_file_id)
         if source["purpose"] != "batch":
             raise invalid("input_file_id", f"file {body.input_file_id!r} has purpose {source['purpose']!r}; "
                           "a batch reads a file uploaded with purpose batch", "invalid_file_purpose")
         record = records.new_batch(body)
-        self.storage.save_batch(tenant, record)
+        await asyncio.to_thread(self.storage.save_batch, tenant, record)
         await self.runner.start.remote(tenant, record["id"])
         return json_response(record)
 
@@ -82,5 +86,5 @@ class BatchAPI:
         return json_response(records.page(self.storage.batches(tenant), after, limit))
 
     async def cancel(self, tenant: str, batch_id: str) -> Response:
-        records.cancellable(self.storage.batch(tenant, batch_id))
+        records.cancellable(await asyncio.to_thread(self.storage.batch, tenant, batch_id))
         return json_response(await self.runner.cancel.remote(tenant, batch_id))

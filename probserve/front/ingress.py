@@ -221,19 +221,19 @@ class Ingress:
 
     @app.get("/v1/files")
     async def list_files(self, request: Request, purpose: str | None = None) -> Response:
-        return self.batch.files(await self.tenant_name(request), purpose)
+        return await asyncio.to_thread(self.batch.files, await self.tenant_name(request), purpose)
 
     @app.get("/v1/files/{file_id}")
     async def get_file(self, request: Request, file_id: str) -> Response:
-        return self.batch.file(await self.tenant_name(request), file_id)
+        return await asyncio.to_thread(self.batch.file, await self.tenant_name(request), file_id)
 
     @app.get("/v1/files/{file_id}/content")
     async def file_content(self, request: Request, file_id: str) -> Response:
-        return self.batch.content(await self.tenant_name(request), file_id)
+        return await asyncio.to_thread(self.batch.content, await self.tenant_name(request), file_id)
 
     @app.delete("/v1/files/{file_id}")
     async def delete_file(self, request: Request, file_id: str) -> Response:
-        return self.batch.delete(await self.tenant_name(request), file_id)
+        return await asyncio.to_thread(self.batch.delete, await self.tenant_name(request), file_id)
 
     @app.post("/v1/batches")
     async def create_batch(self, request: Request) -> Response:
@@ -241,11 +241,11 @@ class Ingress:
 
     @app.get("/v1/batches")
     async def list_batches(self, request: Request, after: str | None = None, limit: int = 20) -> Response:
-        return self.batch.batches(await self.tenant_name(request), after, limit)
+        return await asyncio.to_thread(self.batch.batches, await self.tenant_name(request), after, limit)
 
     @app.get("/v1/batches/{batch_id}")
     async def get_batch(self, request: Request, batch_id: str) -> Response:
-        return self.batch.batch(await self.tenant_name(request), batch_id)
+        return await asyncio.to_thread(self.batch.batch, await self.tenant_name(request), batch_id)
 
     @app.post("/v1/batches/{batch_id}/cancel")
     async def cancel_batch(self, request: Request, batch_id: str) -> Response:

@@ -67,6 +67,7 @@ CONFIG = {
                 "cpu_kv_cache_gib": TINY_KV_GIB,
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 "kv_block_size": KV_BLOCKS[name],
+                "background_window": KV_BLOCKS[name],  # a batch line's prompt in several windows
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]

@@ -2,9 +2,11 @@
 of an online request does not hold it back, and batch lines and dataset documents reach the
 engine at the batch's priority (test_batch.py, test_dataset_scoring.py)."""
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from ray import serve
 
@@ -12,7 +14,7 @@ from probserve.config import BatchConfig, ModelConfig
 from probserve.engine.wire import ONLINE, EngineRequest
 from probserve.ops.app import model_deployment_name
 from probserve.ops.local_ray import APP_NAME
-from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
+from tests.e2e.conftest import KV_BLOCKS, MAX_MODEL_LEN, MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +52,25 @@ def test_an_online_request_passes_the_background_work_queued_before_it(base_url)
                                  [online, *background]))
     online_ended, after_online = ended[0], sum(end > ended[0] for end in ended[1:])
     assert after_online >= QUEUED - 3 * IN_ENGINE, (after_online, online_ended)
+
+
+def test_a_background_prompt_computed_a_window_at_a_time_has_the_online_rows():
+    """The background request's prompt is computed one KV block at a time (the session's
+    `background_window`), each window reading the ones before it from the KV cache."""
+    handle, request = replica(), scoring(ONLINE, 2000, MAX_MODEL_LEN - 100)
+    before = requests_by_priority()
+    # Tenants of their own: neither reads the other's rows from a prefix cache.
+    online = handle.generate.remote(dataclasses.replace(request, tenant="online")).result()
+    background = handle.generate.remote(dataclasses.replace(request, tenant="batch",
+                                                            priority=BACKGROUND)).result()
+    windows = -(-(len(request.prompt_token_ids) - 1) // KV_BLOCKS[MODEL])
+    assert requests_by_priority()[BACKGROUND] - before.get(BACKGROUND, 0) == windows > 1
+    rows, expected = background.prompt_logprobs, online.prompt_logprobs
+    for name in ("offsets", "token_ids", "ranks"):
+        assert np.array_equal(getattr(rows, name), getattr(expected, name)), name
+    assert np.allclose(rows.logprobs, expected.logprobs, atol=1e-4)
+    (completion,), (expected_completion,) = background.completions, online.completions
+    assert np.array_equal(completion.token_ids, expected_completion.token_ids)
 
 
 def test_the_api_s_own_requests_reach_the_engine_as_online_ones(http):

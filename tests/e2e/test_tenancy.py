@@ -89,7 +89,7 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(base_url, redis_server, keys, tmp_path_factory):
+def app_args(redis_server, keys, tmp_path_factory) -> dict:
     tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": TINY_KV_GIB,
             "ray_actor_options": {"num_cpus": 0.01}}
     # The second model is only listed and refused here, never sent to: scaled to zero, it
@@ -103,7 +103,12 @@ def url(base_url, redis_server, keys, tmp_path_factory):
                         "reload_s": 1, "storage": f"redis://127.0.0.1:{redis_server.port}/0"},
             "batch": {"storage": str(tmp_path_factory.mktemp("tenancy-batch")),
                       "ray_actor_options": {"num_cpus": 0.01}}}
-    serve.run(build_app(args), name=APP, route_prefix=PREFIX)
+    return args
+
+
+@pytest.fixture(scope="module")
+def url(base_url, app_args):
+    serve.run(build_app(app_args), name=APP, route_prefix=PREFIX)
     yield f"{base_url}{PREFIX}"
     serve.delete(APP)
 
@@ -371,6 +376,36 @@ def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_
         assert answer.json()["error"]["code"] == "rate_limit_unavailable"
         assert time.monotonic() - back < 20, "the service did not come back with Redis"
         time.sleep(0.5)
+
+
+def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url, keys, app_args):
+    """Every deployment of the application (both ingress replicas, the model, the pool, the
+    batch runner) deleted mid-batch and deployed again: what the batch has done lives in its
+    storage, and the new runner takes it up from there."""
+    beta, count = as_(keys, "beta"), 300  # each its own first token: none read from a cache
+    lines = b"".join(orjson.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
+                                   "body": {"model": TINY, "prompt": [1000 + i, *range(10, 70)],
+                                            "max_tokens": 1, "echo": True, "logprobs": 1}}) + b"\n"
+                     for i in range(count))
+    uploaded = httpx.post(f"{url}/v1/files", headers=beta, data={"purpose": "batch"},
+                          files={"file": ("in.jsonl", lines)}).json()
+    batch = httpx.post(f"{url}/v1/batches", headers=beta, json={
+        "input_file_id": uploaded["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()
+    batch_url = f"{url}/v1/batches/{batch['id']}"
+    while (batch := httpx.get(batch_url, headers=beta).json())["request_counts"]["completed"] < 10:
+        assert batch["status"] in ("validating", "in_progress"), batch
+        time.sleep(0.2)
+    serve.delete(APP)
+    serve.run(build_app(app_args), name=APP, route_prefix=PREFIX)
+    redeployed_at, deadline = int(time.time()), time.monotonic() + 240
+    while (batch := httpx.get(batch_url, headers=beta).json())["status"] != "completed":
+        assert batch["status"] == "in_progress" and time.monotonic() < deadline, batch
+        time.sleep(0.5)
+    done = httpx.get(f"{url}/v1/files/{batch['output_file_id']}/content", headers=beta)
+    custom_ids = [orjson.loads(line)["custom_id"] for line in done.content.splitlines()]
+    assert sorted(custom_ids) == sorted(f"line-{i}" for i in range(count))  # each exactly once
+    assert batch["error_file_id"] is None and batch["completed_at"] >= redeployed_at
+    assert batch["request_counts"] == {"total": count, "completed": count, "failed": 0}
 
 
 def test_no_key_and_no_prompt_in_any_log_or_in_the_key_file(url, keys):

@@ -17,6 +17,7 @@ def test_background_requests_take_the_places_and_online_ones_pass_them():
                 inside.append(name)
                 await release.wait()
         tasks = [asyncio.create_task(enter(f"batch-{i}", BATCH)) for i in range(4)]
+        await asyncio.sleep(0.01)
         tasks.append(asyncio.create_task(enter("online", ONLINE)))
         await asyncio.sleep(0.01)
         held = (sorted(inside), share.waiting)
@@ -26,6 +27,33 @@ def test_background_requests_take_the_places_and_online_ones_pass_them():
     held, everyone, waiting = asyncio.run(scenario())
     assert held == (["batch-0", "batch-1", "online"], 2)
     assert everyone == ["batch-0", "batch-1", "batch-2", "batch-3", "online"] and waiting == 0
+
+
+def test_background_requests_wait_while_an_online_one_is_in_the_engine():
+    async def scenario():
+        share, online_done = BackgroundShare(4), asyncio.Event()
+        order: list[str] = []
+
+        async def online():
+            async with share.turn(ONLINE):
+                order.append("online in")
+                await online_done.wait()
+                order.append("online out")
+
+        async def batch(name: str):
+            async with share.turn(BATCH):
+                order.append(name)
+        first = asyncio.create_task(online())
+        await asyncio.sleep(0.01)
+        batches = [asyncio.create_task(batch(f"batch-{i}")) for i in range(2)]
+        await asyncio.sleep(0.01)
+        held = (list(order), share.waiting)
+        online_done.set()
+        await asyncio.gather(first, *batches)
+        return held, order
+    held, order = asyncio.run(scenario())
+    assert held == (["online in"], 2)
+    assert order == ["online in", "online out", "batch-0", "batch-1"]
 
 
 def test_a_place_is_given_back_when_its_request_fails_or_is_cancelled():
