@@ -34,7 +34,7 @@ class BackgroundShare:
             await self.background_place()
         else:
             self.online += 1
-            self.room.clear()
+            self.update_room()
         try:
             yield
         finally:

@@ -52,6 +52,8 @@ def joined_windows(windows: list[EngineRequest], results: list[EngineResult]) ->
     """A top-k request's result from its windows' (in order), as one engine request returns
     it: the first window's positions, then each later one's from its first row on; what the
     last generated; the first's queue time."""
+    if len(results) == 1:
+        return results[0]
     starts = [0] + [window.prompt_rows_from for window in windows[1:]]
     rows = PositionLogprobs.spliced([result.prompt_logprobs for result in results], starts)
     return dataclasses.replace(results[-1], prompt_logprobs=rows, queue_time_s=results[0].queue_time_s)
