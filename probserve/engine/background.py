@@ -9,18 +9,28 @@ ahead of it. The replica therefore hands its engine background work only while n
 request is in it, at most `in_engine` requests at a time, and a background prompt a short
 window at a time (probserve.engine.windows): an online request waits for one window at most,
 and background work takes the engine's time that online requests leave.
+
+Windows cost throughput (a short prefill uses the engine less well, and each is a request of
+its own: half the tokens per second of whole prompts on 2 cores), and they only help while
+online requests come. So once no online request has been in the engine for `quiet_s`, the
+rest of a background prompt goes in whole, and `in_engine_quiet` of them may be in at once
+(a handful keeps the engine busy while the replica hands over the next); the first online
+request after such a pause may wait for their prefills.
 """
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 
 from probserve.engine.wire import EngineRequest
 
 
 class BackgroundShare:
-    def __init__(self, in_engine: int):
-        self.in_engine = in_engine
+    def __init__(self, in_engine: int, in_engine_quiet: float, quiet_s: float, clock=time.monotonic):
+        self.in_engine, self.in_engine_quiet = in_engine, in_engine_quiet
+        self.quiet_s, self.clock = quiet_s, clock
         self.online = 0  # online requests in the engine
+        self.online_seen_at = -float("inf")  # when the last one left it
         self.background = 0  # background requests in the engine
         self.waiting = 0  # background requests held in the replica for their turn
         self.room = asyncio.Event()
@@ -29,7 +39,9 @@ class BackgroundShare:
     @asynccontextmanager
     async def turn(self, request: EngineRequest):
         """One engine request's time in the engine: an online one goes in at once, a
-        background one when no online request is in and one of the places is free."""
+        background one when no online request is in and one of the places is free (more
+        places once online requests have paused: a background request that waits for one
+        sees them when the next one leaves)."""
         if request.background():
             await self.background_place()
         else:
@@ -42,6 +54,7 @@ class BackgroundShare:
                 self.background -= 1
             else:
                 self.online -= 1
+                self.online_seen_at = self.clock()
             self.update_room()
 
     async def background_place(self) -> None:
@@ -54,8 +67,13 @@ class BackgroundShare:
         self.background += 1
         self.update_room()
 
+    def quiet(self) -> bool:
+        """No online request in the engine, nor in it for `quiet_s`: background prompts go whole."""
+        return self.online == 0 and self.clock() - self.online_seen_at >= self.quiet_s
+
     def admits_background(self) -> bool:
-        return self.online == 0 and self.background < self.in_engine
+        places = self.in_engine_quiet if self.quiet() else self.in_engine
+        return self.online == 0 and self.background < places
 
     def update_room(self) -> None:
         if self.admits_background():

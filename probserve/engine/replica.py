@@ -25,7 +25,7 @@ from probserve.engine.vllm_fence import (
     register,
     self_check,
 )
-from probserve.engine.windows import joined_windows, prompt_windows
+from probserve.engine.windows import joined_windows, next_window, prompt_windows
 from probserve.engine.wire import (
     Completion,
     EngineRequest,
@@ -223,7 +223,9 @@ class ModelReplica:
         self.window = max(model.full_vocab_window // block, 1) * block
         self.background_window = max(model.background_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
-        self.background = BackgroundShare(model.max_background_in_engine)
+        self.background = BackgroundShare(model.max_background_in_engine,
+                                          model.max_background_in_engine_quiet or model.max_ongoing_requests,
+                                          model.background_quiet_s)
         scoring = model.scored_cache
         self.scored = ScoredPrefixCache(block, scoring.top_k, scoring.max_bytes) if scoring.enabled else None
         longest = self.engine.vllm_config.model_config.max_model_len - 3  # the prompt and its 2 tokens
@@ -286,11 +288,16 @@ class ModelReplica:
             return result
 
     async def computed(self, request: EngineRequest) -> EngineResult:
-        """A background request's prompt rows a window at a time (probserve.engine.background)."""
+        """A background request's prompt rows a window at a time, the rest whole once online
+        requests have paused (probserve.engine.background)."""
         if not request.background() or request.prompt_logprobs is None:
             return await self.final_result(request)
-        windows = prompt_windows(request, self.background_window, self.block)
-        return joined_windows(windows, [await self.final_result(window) for window in windows])
+        left, sent, results = prompt_windows(request, self.background_window, self.block), [], []
+        while left:
+            window, left = next_window(left, whole=self.background.quiet())
+            sent.append(window)
+            results.append(await self.final_result(window))
+        return joined_windows(sent, results)
 
     async def final_result(self, request: EngineRequest) -> EngineResult:
         final = await self.final_output(request)

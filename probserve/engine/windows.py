@@ -48,6 +48,14 @@ def prompt_windows(request: EngineRequest, window: int, block: int) -> list[Engi
     return [*before_last, dataclasses.replace(request, prompt_rows_from=starts[-1])]
 
 
+def next_window(windows: list[EngineRequest], whole: bool) -> tuple[EngineRequest, list[EngineRequest]]:
+    """The next engine request of a prompt's windows, and the windows left after it: the
+    first, or with `whole` all of them as one (the last's request, from the first's rows on)."""
+    if not whole or len(windows) == 1:
+        return windows[0], windows[1:]
+    return dataclasses.replace(windows[-1], prompt_rows_from=windows[0].prompt_rows_from), []
+
+
 def joined_windows(windows: list[EngineRequest], results: list[EngineResult]) -> EngineResult:
     """A top-k request's result from its windows' (in order), as one engine request returns
     it: the first window's positions, then each later one's from its first row on; what the

@@ -45,6 +45,9 @@ MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefi
 # the tests' own, would otherwise fill this machine's memory and evict its page cache.
 TINY_KV_GIB, SMOLLM2_KV_GIB = 1 / 16, 1 / 4
 BATCH_MAX_FILE_BYTES = 1 << 20
+# Background prompts on the main model go a window at a time even with no online request
+# about (its tests count the windows); on the others, whole after a second of no online one.
+WINDOWS_ALWAYS_S, BACKGROUND_QUIET_S = 24 * 3600, 1
 CAPABILITIES = {"max_logprobs": MAX_LOGPROBS, "max_logprob_token_ids": MAX_LABELS,
                 "max_model_len": MAX_MODEL_LEN, "full_vocab_max_prompt_tokens": FULL_VOCAB_MAX,
                 "max_scored_tokens": MAX_SCORED}
@@ -68,6 +71,7 @@ CONFIG = {
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 "kv_block_size": KV_BLOCKS[name],
                 "background_window": KV_BLOCKS[name],  # a batch line's prompt in several windows
+                "background_quiet_s": WINDOWS_ALWAYS_S if name == MODEL else BACKGROUND_QUIET_S,
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]

@@ -14,7 +14,8 @@ from probserve.config import BatchConfig, ModelConfig
 from probserve.engine.wire import ONLINE, EngineRequest
 from probserve.ops.app import model_deployment_name
 from probserve.ops.local_ray import APP_NAME
-from tests.e2e.conftest import KV_BLOCKS, MAX_MODEL_LEN, MODEL
+from probserve.store.model_store import TINY_BOS
+from tests.e2e.conftest import BACKGROUND_QUIET_S, KV_BLOCKS, MAX_MODEL_LEN, MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -23,13 +24,13 @@ QUEUED = 32  # background requests sent before the online one
 IN_ENGINE = ModelConfig(name=MODEL).max_background_in_engine
 
 
-def replica():
-    return serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
+def replica(model: str = MODEL):
+    return serve.get_deployment_handle(model_deployment_name(model), app_name=APP_NAME)
 
 
-def requests_by_priority() -> dict[int, int]:
+def requests_by_priority(model: str = MODEL) -> dict[int, int]:
     """Engine requests the model's replica has received at each priority."""
-    return replica().requests_by_priority.remote().result()
+    return replica(model).requests_by_priority.remote().result()
 
 
 def scoring(priority: int, first: int, length: int) -> EngineRequest:
@@ -65,6 +66,26 @@ def test_a_background_prompt_computed_a_window_at_a_time_has_the_online_rows():
                                                             priority=BACKGROUND)).result()
     windows = -(-(len(request.prompt_token_ids) - 1) // KV_BLOCKS[MODEL])
     assert requests_by_priority()[BACKGROUND] - before.get(BACKGROUND, 0) == windows > 1
+    assert_same_answer(background, online)
+
+
+def test_a_background_prompt_goes_whole_once_online_requests_have_paused():
+    """A model whose last online request left more than its `background_quiet_s` ago takes a
+    background prompt of several windows as one engine request."""
+    model, request = TINY_BOS, scoring(ONLINE, 3000, MAX_MODEL_LEN - 100)
+    assert len(request.prompt_token_ids) > 2 * KV_BLOCKS[model]
+    online = replica(model).generate.remote(dataclasses.replace(request, tenant="online")).result()
+    time.sleep(BACKGROUND_QUIET_S + 0.5)
+    before = requests_by_priority(model)
+    # Sent now: this model refuses a request that waited more than a second (max_queue_wait_s).
+    background = replica(model).generate.remote(dataclasses.replace(
+        request, tenant="batch", priority=BACKGROUND, sent_at=time.time())).result()
+    assert requests_by_priority(model)[BACKGROUND] - before.get(BACKGROUND, 0) == 1
+    assert_same_answer(background, online)
+
+
+def assert_same_answer(background, online) -> None:
+    """The same prompt rows (logprobs within 1e-4) and the same completion."""
     rows, expected = background.prompt_logprobs, online.prompt_logprobs
     for name in ("offsets", "token_ids", "ranks"):
         assert np.array_equal(getattr(rows, name), getattr(expected, name)), name

@@ -1,5 +1,7 @@
 """Full-vocabulary windows: which engine requests compute a prompt's rows, in what order."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from probserve.engine.windows import (
     ROWS_ONLY,
     RUN_AHEAD,
     joined_windows,
+    next_window,
     prompt_windows,
     stream_items_ahead,
     window_starts,
@@ -114,3 +117,19 @@ def test_a_span_s_windows_keep_the_first_window_s_unshown_positions():
     joined = joined_windows(windows, results)
     assert np.array_equal(joined.prompt_logprobs.token_ids,
                           engine_rows(request.prompt_token_ids, 6, 2).prompt_logprobs.token_ids)
+
+
+def test_the_windows_left_go_as_one_request_that_reads_the_ones_computed():
+    request = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=3, temperature=0.0, top_p=1.0,
+                            prompt_logprobs=2, priority=1)
+    windows = prompt_windows(request, 4, 4)  # positions 1..4, 5..8, 9..10
+    first, left = next_window(windows, whole=False)
+    assert first == windows[0] and left == windows[1:]
+    rest, left = next_window(left, whole=True)
+    assert left == [] and rest == dataclasses.replace(request, prompt_rows_from=5)
+    assert rest.cache_readable_tokens() == 4  # the first window's tokens, from the cache
+    results = [engine_rows(w.prompt_token_ids, w.prompt_rows_from, 3) for w in (first, rest)]
+    joined = joined_windows([first, rest], results)
+    whole = engine_rows(request.prompt_token_ids, 1, 3).prompt_logprobs
+    assert np.array_equal(joined.prompt_logprobs.token_ids, whole.token_ids)
+    assert next_window(windows[2:], whole=True) == (windows[2], [])
