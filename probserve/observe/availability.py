@@ -19,13 +19,14 @@ logger = logging.getLogger("probserve.availability")
 SERVING_STATES = ("RUNNING", "RECOVERING")
 
 
-def running_replicas(status, app_name: str) -> dict[str, int]:
-    """Serving replicas per deployment of the application, from `serve.status()`."""
-    application = status.applications.get(app_name)
+def running_replicas(details: dict, app_name: str) -> dict[str, int]:
+    """Serving replicas per deployment of the application, from the Serve controller's details
+    of its applications (the dict `serve.status()` is made from: each replica with its state)."""
+    application = details.get("applications", {}).get(app_name)
     if application is None:
         return {}
-    return {name: sum(deployment.replica_states.get(state, 0) for state in SERVING_STATES)
-            for name, deployment in application.deployments.items()}
+    return {name: sum(replica["state"] in SERVING_STATES for replica in deployment.get("replicas", []))
+            for name, deployment in application["deployments"].items()}
 
 
 class ReplicaStates:

@@ -1,21 +1,25 @@
 import asyncio
-from types import SimpleNamespace
+
+from ray.serve._private.common import ReplicaState
 
 from probserve.observe.availability import ReplicaStates, running_replicas
 
 
-def status(app: str, **replicas: dict) -> SimpleNamespace:
-    deployments = {name: SimpleNamespace(replica_states=states) for name, states in replicas.items()}
-    return SimpleNamespace(applications={app: SimpleNamespace(deployments=deployments)})
+def details(app: str, **replicas: dict) -> dict:
+    """The controller's details, each replica with its state, as Ray's ReplicaState (a str)."""
+    deployments = {name: {"replicas": [{"replica_id": f"{name}-{state}-{i}", "state": ReplicaState(state)}
+                                       for state, count in states.items() for i in range(count)]}
+                   for name, states in replicas.items()}
+    return {"applications": {app: {"deployments": deployments}}}
 
 
 def test_running_replicas_counts_those_serving_of_the_application():
-    serve_status = status("probserve", Ingress={"RUNNING": 2},
-                          **{"Model-a": {"PENDING_ALLOCATION": 1}, "Model-b": {"RUNNING": 1, "STARTING": 1},
-                             "Model-c": {"RECOVERING": 1}})
-    assert running_replicas(serve_status, "probserve") == {"Ingress": 2, "Model-a": 0, "Model-b": 1,
-                                                           "Model-c": 1}
-    assert running_replicas(serve_status, "other") == {}
+    serve_details = details("probserve", Ingress={"RUNNING": 2},
+                            **{"Model-a": {"STARTING": 1}, "Model-b": {"RUNNING": 1, "STOPPING": 1},
+                               "Model-c": {"RECOVERING": 1}})
+    assert running_replicas(serve_details, "probserve") == {"Ingress": 2, "Model-a": 0, "Model-b": 1,
+                                                            "Model-c": 1}
+    assert running_replicas(serve_details, "other") == {}
 
 
 def test_a_request_reads_the_last_counts_and_a_stale_answer_is_refreshed_in_the_background():
