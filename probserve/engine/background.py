@@ -26,7 +26,7 @@ from probserve.engine.wire import EngineRequest
 
 
 class BackgroundShare:
-    def __init__(self, in_engine: int, in_engine_quiet: float, quiet_s: float, clock=time.monotonic):
+    def __init__(self, in_engine: int, in_engine_quiet: int, quiet_s: float, clock=time.monotonic):
         self.in_engine, self.in_engine_quiet = in_engine, in_engine_quiet
         self.quiet_s, self.clock = quiet_s, clock
         self.online = 0  # online requests in the engine
