@@ -2,8 +2,8 @@
 on the embedded SmolLM2. Every request must be answered or refused (503 with Retry-After)
 within a bound in time, and the small ones must not wait behind the full-vocabulary work.
 
-Reports, for each kind: answered and refused, the latest answer and the latest refusal
-(seconds from the burst), the answers' p50 and p99.
+Reports, for each kind: answered and refused, the latest answer's first byte and last byte,
+the latest refusal (seconds from the burst), the answers' p50 and p99 to the last byte.
 
     .venv/bin/python bench/burst.py                       # 300 small, 12 full-vocabulary (256 ids)
     .venv/bin/python bench/burst.py --in-turn             # the small ones first
@@ -13,6 +13,7 @@ Reports, for each kind: answered and refused, the latest answer and the latest r
 import argparse
 import asyncio
 import collections
+import json
 import random
 import re
 import time
@@ -30,19 +31,34 @@ def full_vocab_256() -> dict:
     return {"prompt": FULL_VOCAB_IDS, "max_tokens": 1, "prompt_logprobs": -1}
 
 
-async def timed(client: httpx.AsyncClient, body: dict) -> tuple[int | str, float, str]:
-    """The status (or the transport error's name), the seconds to the body's last byte, and
-    a refusal's message."""
+async def timed(client: httpx.AsyncClient, body: dict) -> tuple[int | str, float, float, str]:
+    """The status (or the transport error's name), the seconds to the body's first byte and
+    to its last, and a refusal's message."""
     started = time.perf_counter()
+    first_byte, message = float("nan"), ""
     try:
-        response = await client.post("/v1/completions", headers={"accept-encoding": "gzip"},
-                                     json={"model": SMOLLM2, "temperature": 0, **body})
-        await response.aread()
+        async with client.stream("POST", "/v1/completions", headers={"accept-encoding": "gzip"},
+                                 json={"model": SMOLLM2, "temperature": 0, **body}) as response:
+            if response.status_code != 200:
+                message = refusal_message(await response.aread())
+            else:  # raw: the client's gunzip would take the cores the service runs on
+                chunks = response.aiter_raw()
+                await anext(chunks, b"")
+                first_byte = time.perf_counter() - started
+                async for _ in chunks:
+                    pass
         status = response.status_code
-        message = "" if status == 200 else response.json()["error"]["message"]
     except httpx.HTTPError as error:
         status, message = type(error).__name__, str(error)
-    return status, time.perf_counter() - started, message
+    return status, first_byte, time.perf_counter() - started, message
+
+
+def refusal_message(body: bytes) -> str:
+    """The error envelope's message, or the body itself if it is not one."""
+    try:
+        return json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"not an error envelope: {body[:200]!r}"
 
 
 async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float, mixed: bool) -> dict:
@@ -62,12 +78,14 @@ async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float, 
 
 
 def summary(kind: str, outcomes: list[tuple]) -> str:
-    answered = sorted(seconds for status, seconds, _ in outcomes if status == 200)
-    refused = sorted(seconds for status, seconds, _ in outcomes if status == 503)
-    other = [status for status, _, _ in outcomes if status not in (200, 503)]
+    answered = sorted(last for status, _, last, _ in outcomes if status == 200)
+    first_bytes = [first for status, first, _, _ in outcomes if status == 200]
+    refused = [last for status, _, last, _ in outcomes if status == 503]
+    other = [status for status, _, _, _ in outcomes if status not in (200, 503)]
     p50, p99 = median_and_p99(answered)
+    latest = max(first_bytes, default=float("nan")), max(answered, default=float("nan"))
     return (f"| {kind} | {len(outcomes)} | {len(answered)} | {len(refused)} | {len(other)} | "
-            f"{max(answered, default=float('nan')):.2f} s | {max(refused, default=float('nan')):.2f} s | "
+            f"{latest[0]:.2f} / {latest[1]:.2f} s | {max(refused, default=float('nan')):.2f} s | "
             f"{p50:.2f} s | {p99:.2f} s |")
 
 
@@ -84,13 +102,13 @@ def main() -> None:
              "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256())}
     with probserve_serving(options.config) as url:
         outcomes = asyncio.run(burst(url, kinds, options.timeout, mixed=not options.in_turn))
-    print("| requests | sent | answered | refused | other | last answer | last refusal | p50 answered "
-          "| p99 answered |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| requests | sent | answered | refused | other | last answer, first / last byte | last refusal "
+          "| p50 answered | p99 answered |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind, outcome in outcomes.items():
         print(summary(kind, outcome))
     for kind, outcome in outcomes.items():
-        refusals = collections.Counter(re.sub(r"[\d.]+ s", "N s", message) for status, _, message in outcome
-                                       if status != 200)
+        refusals = collections.Counter(f"{status} " + re.sub(r"\d+(\.\d+)?", "N", message)
+                                       for status, _, _, message in outcome if status != 200)
         for message, count in refusals.most_common():
             print(f"{kind}: {count} x {message}")
 

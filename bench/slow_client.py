@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 import psutil
-from load import median_and_p99, probserve_serving, process_role, small
+from cpu import process_role
+from load import median_and_p99, probserve_serving, small
 
 from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2

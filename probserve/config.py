@@ -93,6 +93,12 @@ class ModelConfig(Strict):
     # it: beyond, 503 `overloaded` at once, and its place goes to the next. A burst is answered
     # or refused within a bound. A model scaled to zero waits for the replica its request wakes.
     max_queue_wait_s: float = Field(30, gt=0)
+    # The router tries again to place a request that found every replica full after 25 ms,
+    # doubling up to this (Ray Serve's default, 0.5 s), with two such tries per replica and
+    # no wake-up when a place frees: at 0.5 s a burst's backlog drained at about seven
+    # requests a second, and its queue-wait refusals came up to 34 s late (docs/benchmarks.md,
+    # "A bound in time, kept"). Each try asks the replicas their queue lengths.
+    router_max_backoff_s: float = Field(0.05, gt=0)
     # Background requests (batch lines, dataset documents) go into a replica's engine only
     # while no online request is in it, this many at a time, and a prompt with rows (echo,
     # prompt_logprobs) `background_window` positions at a time (rounded down to whole KV
@@ -182,6 +188,10 @@ class SerializerPoolConfig(Strict):
     # the moment the first ends (a call waiting in the ingress's router for a free worker is
     # retried after 25 ms, doubling to 0.5 s, which left workers idle between pieces).
     max_ongoing_requests: int = Field(2, ge=1)
+    # The workers' nice value: where they share cores with the engines, the ingress and the
+    # proxy, those go first, so that writing a full-vocabulary body does not hold the small
+    # requests back; idle cores are the workers' all the same. 0: as every other process.
+    niceness: int = Field(10, ge=0, le=19)
     autoscaling_config: Autoscaling = ONE_REPLICA
     ray_actor_options: dict[str, Any] = {"num_cpus": 0.5}
 

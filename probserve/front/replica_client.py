@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle
 
 from probserve.api.streaming import ChoiceStream, event
 from probserve.config import AppConfig, model_deployment_name
-from probserve.engine.transient import TRANSIENT
+from probserve.engine.transient import TRANSIENT, cancel_call
 from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
 from probserve.errors import APIError, error_envelope, not_ready, overloaded
 from probserve.observe.availability import ReplicaStates
@@ -60,7 +60,7 @@ class ReplicaClient:
         except TRANSIENT as error:
             raise self.refusal(error) from None
         finally:
-            call.cancel()
+            cancel_call(call)
 
     async def next_window(self, model: str, items: AsyncIterator) -> EngineResult | None:
         """The next window's result with its chunks' references, or None after the last."""

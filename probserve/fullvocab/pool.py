@@ -15,6 +15,7 @@ from probserve.config import AppConfig
 from probserve.fullvocab import npy
 from probserve.fullvocab.compression import deflate_part
 from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
+from probserve.fullvocab.niceness import lower_priority
 from probserve.fullvocab.npy import NpyChunk
 from probserve.fullvocab.streamed import RowsPiece
 from probserve.observe.metrics import PoolMetrics
@@ -24,6 +25,7 @@ from probserve.text.vocabulary import Vocabulary
 @serve.deployment
 class SerializerPool:
     def __init__(self, config: AppConfig):
+        lower_priority(config.serializer_pool.niceness)
         self.metrics = PoolMetrics()
         # One call writes at a time (a core's worth of work); the others wait here, not in
         # the caller's router, which retries a full pool after 25 ms, doubling to 0.5 s, and

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Protocol
 
+from probserve.engine.transient import cancel_call
 from probserve.fullvocab.compression import GzipJoiner, deflate_part
 
 
@@ -54,8 +55,8 @@ class Holding:
     def __await__(self):
         return self.call.__await__()
 
-    def cancel(self) -> object:
-        return self.call.cancel()
+    def cancel(self) -> None:
+        cancel_call(self.call)
 
 
 async def started(chunks: AsyncIterable, write: Callable[[object], Call]) -> AsyncIterator[Call]:

@@ -108,6 +108,23 @@ def test_a_request_that_waited_past_max_queue_wait_s_is_refused_when_a_place_fre
     assert send(base_url, BODY).status_code == 200  # right after
 
 
+def test_a_full_vocabulary_request_to_a_full_queue_gets_the_enveloped_refusal(base_url):
+    """The model's two places and its two queued ones held by long requests: a full-vocabulary
+    request is refused as every other, not with Ray Serve's bare text."""
+    long = {**BODY, "max_tokens": 480, "n": 4}
+    full_vocab = {"model": SMALL_QUEUE_MODEL, "prompt": list(range(5, 13)), "max_tokens": 1,
+                  "prompt_logprobs": -1}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        running = [pool.submit(send, base_url, long) for _ in range(2)]
+        time.sleep(0.5)  # both placed on the replica
+        queued = [pool.submit(send, base_url, long) for _ in range(2)]
+        time.sleep(0.3)  # both in the ingress's router
+        refused = send(base_url, full_vocab)
+        assert all(future.result().status_code in (200, 503) for future in running + queued)
+    assert_refusal(refused, "max_queued_requests")
+    assert len(send(base_url, full_vocab).json()["choices"][0]["prompt_logprobs"]) == 8  # right after
+
+
 def test_a_full_vocabulary_burst_is_bounded_and_memory_comes_back(base_url):
     """Two run, sixteen wait (config defaults; each waits up to 120 s here), the rest is refused
     at once; afterwards the service holds about what it held before."""

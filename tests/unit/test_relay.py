@@ -6,10 +6,11 @@ import gzip
 
 import orjson
 import pytest
+from ray.serve.exceptions import BackPressureError
 
 from probserve.fullvocab.compression import deflate_part
 from probserve.fullvocab.json_rows import EntryFragments, chunk_json
-from probserve.fullvocab.relay import full_vocab_body, in_order
+from probserve.fullvocab.relay import full_vocab_body, in_order, started
 from probserve.fullvocab.streamed import RowsPiece
 from tests.unit.fakes import async_parts
 from tests.unit.test_json_rows import TOKENS, rows_of
@@ -96,4 +97,31 @@ def test_a_failed_call_ends_the_relay_and_cancels_the_others():
         with pytest.raises(RuntimeError):
             await taken
         assert started[1].cancelled
+    asyncio.run(scenario())
+
+
+class ServeCall(Call):
+    """A Serve handle call: cancelling one that failed raises its failure again."""
+
+    def cancel(self):
+        super().cancel()
+        if self.future.done() and not self.future.cancelled() and self.future.exception():
+            raise self.future.exception()
+
+
+async def chunks(count: int):
+    for index in range(count):
+        yield index
+
+
+def test_a_call_whose_cancel_raises_its_failure_fails_the_relay_with_it_and_cancels_the_rest():
+    async def scenario():
+        log: list[Call] = []
+        results = in_order(started(chunks(5), lambda index: ServeCall(log, index)), window=3)
+        taken = asyncio.ensure_future(anext(results))
+        await asyncio.sleep(0)
+        log[0].future.set_exception(BackPressureError(num_queued_requests=2, max_queued_requests=2))
+        with pytest.raises(BackPressureError):
+            await taken
+        assert [c.cancelled for c in log] == [True, True, True]
     asyncio.run(scenario())
