@@ -278,7 +278,8 @@ class ModelReplica:
     async def generate(self, request: EngineRequest) -> EngineResult:
         self.check_queue_time(request)
         tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
-        async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace):
+        async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace,
+                                      request.background()):
             if not self.uses_scored_cache(request):
                 return await self.computed(request)
             plan = self.scored.plan(request, namespace)

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.e2e
 BACKGROUND = BatchConfig().priority
 QUEUED = 32  # background requests sent before the online one
 IN_ENGINE = ModelConfig(name=MODEL).max_background_in_engine
+NO_END = dict.fromkeys([0, 1, 2, 4], -100.0)  # the tiny models' special tokens: all max_tokens generated
 
 
 def replica(model: str = MODEL):
@@ -82,6 +83,33 @@ def test_a_background_prompt_goes_whole_once_online_requests_have_paused():
         request, tenant="batch", priority=BACKGROUND, sent_at=time.time())).result()
     assert requests_by_priority(model)[BACKGROUND] - before.get(BACKGROUND, 0) == 1
     assert_same_answer(background, online)
+
+
+def test_an_online_request_does_not_wait_for_a_batch_line_with_its_prompt(base_url):
+    """A batch line holds its prompt as in flight while it waits for the engine, which a long
+    online request keeps busy; an online request for the same prompt (an evaluation set scored
+    online and as a batch at once) is computed at once, not after the batch line."""
+    handle = replica()
+    busy = EngineRequest(prompt_token_ids=[5, 6, 7], max_tokens=480, temperature=0.0, top_p=1.0,
+                         logit_bias=NO_END, sent_at=time.time())
+    line = dataclasses.replace(scoring(BACKGROUND, 2500, MAX_MODEL_LEN - 100), tenant="eval")
+    with ThreadPoolExecutor(3) as threads:
+        def ended(request: EngineRequest):
+            return threads.submit(result_and_end, handle.generate.remote(request))
+
+        busy_ended = ended(busy)
+        time.sleep(0.3)  # in the engine: the batch line below waits for it to end
+        line_ended = ended(dataclasses.replace(line, sent_at=time.time()))
+        time.sleep(0.2)  # its prompt in flight, the line held back
+        online_ended = ended(dataclasses.replace(line, priority=ONLINE, sent_at=time.time()))
+        (online, online_at), (_, busy_at), (background, line_at) = (
+            future.result() for future in (online_ended, busy_ended, line_ended))
+    assert online_at < busy_at < line_at
+    assert_same_answer(background, online)
+
+
+def result_and_end(response) -> tuple:
+    return response.result(), time.monotonic()
 
 
 def assert_same_answer(background, online) -> None:
