@@ -20,10 +20,14 @@ def process_role(command_line: str) -> str:
     return f"other: {Path(command_line.split(' ', 1)[0]).name}"
 
 
-def cpu_seconds() -> dict[int, tuple[str, float]]:
+def cpu_seconds(own_role: str | None = None) -> dict[int, tuple[str, float]]:
     """Each process this one started (Ray's and the servers', at any depth): its role and CPU
-    seconds so far."""
+    seconds so far; this process's own too, as `own_role`, when it does work measured (a
+    driver's), not when it is only the load."""
     seconds = {}
+    if own_role is not None:
+        times = psutil.Process().cpu_times()
+        seconds[psutil.Process().pid] = (own_role, times.user + times.system)
     for process in psutil.Process().children(recursive=True):
         try:
             times = process.cpu_times()
@@ -40,3 +44,9 @@ def cpu_per_request(before: dict, after: dict, answered: int) -> dict[str, float
     for pid, (role, seconds) in after.items():
         spent[role] += seconds - before.get(pid, (role, 0.0))[1]
     return {role: 1000 * seconds / max(answered, 1) for role, seconds in spent.most_common()}
+
+
+def spent_line(label: str, spent: dict[str, float], least: float = 0.05) -> str:
+    """`spent` (role -> milliseconds) as one line, largest first, with its total."""
+    return (f"    {label}: " + ", ".join(f"{role} {ms:.1f}" for role, ms in spent.items() if ms >= least)
+            + f"; total {sum(spent.values()):.1f}")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from cpu import cpu_per_request, cpu_seconds
+from cpu import cpu_per_request, cpu_seconds, spent_line
 from servers import ray_serve_llm, vllm_server
 
 from probserve.ops import cli, local_ray
@@ -173,9 +173,7 @@ def measure(url: str, model: str, plan: list[tuple], rate: float | None, time_li
         print(f"  {workload:>10} c{concurrency:<3} {report['requests']:>4} req  "
               f"{report['req/s']:6.2f} req/s  {report['tokens/s']:8.0f} tok/s  "
               f"p50 {report['p50']:.3f} s  p99 {report['p99']:.3f} s  {report['statuses']}", flush=True)
-        print("    CPU ms per request: " + ", ".join(
-            f"{role} {ms:.1f}" for role, ms in report["cpu_ms"].items() if ms >= 0.05)
-            + f"; total {sum(report['cpu_ms'].values()):.1f}", flush=True)
+        print(spent_line("CPU ms per request", report["cpu_ms"]), flush=True)
         for status, body in report["errors"].items():
             print(f"    first {status}: {body}", flush=True)
     return results
