@@ -54,8 +54,20 @@ def grown(metrics_url: str, metric: str, model: str, before: float, expected: in
     return now()
 
 
+def settled(metrics_url: str, metric: str, model: str) -> float:
+    """The counter once one more of Ray's reports brought nothing new: the counts of the test
+    before may still be on their way when a test reads where it starts from."""
+    deadline, value = time.monotonic() + SETTLE_S, exported(metrics_url, metric, model)
+    while time.monotonic() < deadline:
+        time.sleep(REPORT_S)
+        value, previous = exported(metrics_url, metric, model), value
+        if value == previous:
+            break
+    return value
+
+
 def cache_reads(metrics_url: str, model: str) -> float:
-    return exported(metrics_url, KV_READS, model)
+    return settled(metrics_url, KV_READS, model)
 
 
 def reads_after(metrics_url: str, model: str, before: float, expected: int) -> float:
@@ -198,7 +210,7 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
     reference = references[family]
     context, choices = context_and_choices(reference, family, seed=f"{family}/harness", extra=50)
     known = whole_blocks(family, len(context) - 1)  # rows 1..256 on blocks of 128
-    before = {metric: exported(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
+    before = {metric: settled(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
     for choice in choices:
         ids = context + choice
         rows = reference.prompt_rows(ids)
