@@ -56,7 +56,7 @@ def test_an_online_request_passes_the_background_work_queued_before_it(base_url)
     assert after_online >= QUEUED - 3 * IN_ENGINE, (after_online, online_ended)
 
 
-def test_a_background_prompt_computed_a_window_at_a_time_has_the_online_rows():
+def test_a_background_prompt_computed_a_window_at_a_time_has_the_online_rows(base_url):
     """The background request's prompt is computed one KV block at a time (the session's
     `background_window`), each window reading the ones before it from the KV cache."""
     handle, request = replica(), scoring(ONLINE, 2000, MAX_MODEL_LEN - 100)
@@ -70,7 +70,7 @@ def test_a_background_prompt_computed_a_window_at_a_time_has_the_online_rows():
     assert_same_answer(background, online)
 
 
-def test_a_background_prompt_goes_whole_once_online_requests_have_paused():
+def test_a_background_prompt_goes_whole_once_online_requests_have_paused(base_url):
     """A model whose last online request left more than its `background_quiet_s` ago takes a
     background prompt of several windows as one engine request."""
     model, request = TINY_BOS, scoring(ONLINE, 3000, MAX_MODEL_LEN - 100)
