@@ -24,11 +24,11 @@ def cpu_seconds(own_role: str | None = None) -> dict[int, tuple[str, float]]:
     """Each process this one started (Ray's and the servers', at any depth): its role and CPU
     seconds so far; this process's own too, as `own_role`, when it does work measured (a
     driver's), not when it is only the load."""
-    seconds = {}
+    seconds, this = {}, psutil.Process()
     if own_role is not None:
-        times = psutil.Process().cpu_times()
-        seconds[psutil.Process().pid] = (own_role, times.user + times.system)
-    for process in psutil.Process().children(recursive=True):
+        times = this.cpu_times()
+        seconds[this.pid] = (own_role, times.user + times.system)
+    for process in this.children(recursive=True):
         try:
             times = process.cpu_times()
             seconds[process.pid] = (process_role(" ".join(process.cmdline())),

@@ -75,7 +75,8 @@ print("RESULT", json.dumps([tokens / seconds, spent]))
 """
     env = {**os.environ, **AS_SHIPPED, **TUNED, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    rate, spent = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))[6:])
+    result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    rate, spent = json.loads(result.removeprefix("RESULT "))
     return rate, spent
 
 
