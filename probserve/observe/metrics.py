@@ -9,9 +9,10 @@ shipped with probserve (`grafana/prometheus.yml`, the Kubernetes PodMonitor) ren
 vLLM's own Ray stat logger) back to vLLM's `vllm:*` names. Counters get `_total` on export.
 """
 
-import asyncio
 import functools
 import logging
+import threading
+import time
 from dataclasses import dataclass
 
 from probserve.observe.request_log import RequestRecord, request_logger
@@ -112,30 +113,61 @@ def recorder(name: str):
     return kinds[metric.kind](ray_name(metric), metric.help, tag_keys=metric.tags)
 
 
-class HeldGauge:
-    """A gauge of a count its holder changes (requests in flight, chunks held). Ray stops
-    exporting a gauge series that was not set within two report intervals, so, once used,
-    it is set again every `refresh_s` seconds: an idle replica's zero stays visible."""
+def report_interval_s() -> float:
+    """How often a process's metrics reach its node's agent: Ray's report interval, never less
+    than 1 s (the floor Ray's own recorder applies when it ages gauges out)."""
+    import ray
 
-    def __init__(self, name: str, refresh_s: float = 5.0, tags: dict[str, str] | None = None):
-        self.gauge, self.refresh_s, self.tags = recorder(name), refresh_s, tags
+    return max(ray._config.metrics_report_interval_ms(), 1000) / 1000
+
+
+class HeldGauges:
+    """Gauges set again every report interval with their last values. A Ray process exports a
+    gauge only in the intervals it was set in, and the agent drops a series not reported for
+    two: a gauge set only when its value changes (an idle replica's zero, an idle engine's last
+    step) would vanish from Prometheus within seconds. One daemon thread a process sets them,
+    so that it works wherever they are set: on an event loop or in vLLM's threads."""
+
+    def __init__(self, period_s=report_interval_s):
+        self.period_s = period_s
+        self.held: dict[tuple, tuple] = {}
+        self.lock = threading.Lock()
+        self.refresher: threading.Thread | None = None
+
+    def set(self, gauge, value: float, tags: dict[str, str]) -> None:
+        with self.lock:  # a refresh never sets a value older than this one after it
+            gauge.set(value, tags)
+            self.held[id(gauge), tuple(sorted(tags.items()))] = (gauge, value, tags)
+            if self.refresher is None:
+                self.refresher = threading.Thread(target=self.refresh, args=(self.period_s(),),
+                                                  name="held-gauges", daemon=True)
+                self.refresher.start()
+
+    def refresh(self, period_s: float) -> None:
+        while True:
+            time.sleep(period_s)
+            with self.lock:
+                for gauge, value, tags in self.held.values():
+                    gauge.set(value, tags)
+
+
+HELD_GAUGES = HeldGauges()
+
+
+class HeldGauge:
+    """A gauge of a count its holder changes (requests in flight, chunks held), exported for as
+    long as the process lives once it has been set."""
+
+    def __init__(self, name: str, tags: dict[str, str] | None = None):
+        self.gauge, self.tags = recorder(name), tags or {}
         self.value = 0
-        self.refresher: asyncio.Task | None = None
 
     def change(self, by: int) -> None:
         self.set(self.value + by)
 
     def set(self, value: int) -> None:
-        """Called on the replica's event loop."""
         self.value = value
-        self.gauge.set(self.value, self.tags)
-        if self.refresher is None:
-            self.refresher = asyncio.get_running_loop().create_task(self.refresh())
-
-    async def refresh(self) -> None:
-        while True:
-            await asyncio.sleep(self.refresh_s)
-            self.gauge.set(self.value, self.tags)
+        HELD_GAUGES.set(self.gauge, value, self.tags)
 
 
 class IngressMetrics:
@@ -259,7 +291,6 @@ class BatchMetrics:
             self.tokens.inc(prompt_tokens, {"endpoint": endpoint})
 
     def counted(self, batches: dict[str, int]) -> None:
-        """Set every few seconds (the runner's health check), zeros included: a gauge not set
-        within two of Ray's report intervals is no longer exported."""
+        """The batches by status, zeros included (the runner's health check)."""
         for status, count in batches.items():
-            self.batches.set(count, {"status": status})
+            HELD_GAUGES.set(self.batches, count, {"status": status})

@@ -16,9 +16,11 @@ from probserve.ops.dashboard import PANELS, dashboard_text
 from tests.e2e.conftest import MODEL
 from tests.e2e.prometheus import GRAFANA, SCRAPE_INTERVAL_S
 from tests.e2e.test_batch import request_line, run_batch, scoring
+from tests.e2e.test_prefix_reuse import REPORT_S
 
 SETTLE_S = 30  # Ray's report interval (1 s in the tests) plus scrapes, with room to spare
 WORKLOAD_MODEL = f'model="{MODEL}"'
+METRIC_NAME = r"\b(probserve_\w+|vllm:\w+|ray_serve_\w+)"
 
 
 def unique_prompt(length: int) -> list[int]:
@@ -142,6 +144,10 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return [(panel.title, expr) for panel in PANELS for expr, _ in panel.queries]
 
 
+def exported_series(metric) -> str:
+    return metric.name + ("_bucket" if metric.kind == "histogram" else "")
+
+
 def as_run_by_grafana(expr: str) -> str:
     return expr.replace("$__rate_interval", "2m").replace("$model", ".*")
 
@@ -154,13 +160,18 @@ def exported(http, prometheus, base_url):
     with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
         lines = [request_line(str(i), scoring(unique_prompt(8))) for i in range(2)]
         assert run_batch(client, lines).status == "completed"
-    time.sleep(5)
-    return prometheus.metric_names()
+    wanted = {exported_series(metric) for metric in METRICS} | {
+        name for _, expr in dashboard_queries() for name in re.findall(METRIC_NAME, expr)}
+    deadline = time.monotonic() + SETTLE_S  # Ray's report, then a scrape, of the last line
+    while not wanted <= (names := prometheus.metric_names()) and time.monotonic() < deadline:
+        time.sleep(SCRAPE_INTERVAL_S)
+    time.sleep(2 * SCRAPE_INTERVAL_S)  # a rate needs two samples of each series
+    return names
 
 
 @pytest.mark.parametrize("title, expr", dashboard_queries())
 def test_every_dashboard_query_has_data(prometheus, exported, title, expr):
-    for name in re.findall(r"\b(probserve_\w+|vllm:\w+|ray_serve_\w+)", expr):
+    for name in re.findall(METRIC_NAME, expr):
         assert name in exported, f"{title}: {name} is not exported"
     end = time.time()
     response = httpx.get(f"{prometheus.url}/api/v1/query_range", timeout=30, params={
@@ -169,10 +180,25 @@ def test_every_dashboard_query_has_data(prometheus, exported, title, expr):
     assert response.json()["data"]["result"], f"{title}: {expr} returned no data"
 
 
+def test_gauges_stay_exported_while_nothing_changes_them(http, metrics_url):
+    """Ray's agent drops a gauge two report intervals after it was last set: an idle engine's
+    running and KV-cache figures and an idle ingress's requests in flight vanished from
+    Prometheus, and with them the dashboard's engine panels."""
+    held = [f'ray_vllm_num_requests_running{{[^}}]*model_name="{MODEL}"',
+            f'ray_vllm_kv_cache_usage_perc{{[^}}]*model_name="{MODEL}"',
+            r"ray_probserve_requests_in_flight{[^}]*} 0\.0$"]
+    http.post("/v1/completions", json={"model": MODEL, "prompt": unique_prompt(5), "max_tokens": 1})
+    time.sleep(3 * REPORT_S)  # the engine and the ingress idle for longer than two intervals
+    for _ in range(8):
+        text = httpx.get(metrics_url, timeout=30).text
+        for series in held:
+            assert re.search(series, text, re.MULTILINE), f"{series} is not exported"
+        time.sleep(REPORT_S / 2)
+
+
 def test_every_defined_metric_is_exported(exported):
     for metric in METRICS:
-        series = metric.name + ("_bucket" if metric.kind == "histogram" else "")
-        assert series in exported, f"{metric.name} is defined but not exported"
+        assert exported_series(metric) in exported, f"{metric.name} is defined but not exported"
 
 
 def test_the_committed_dashboard_is_the_generated_one():
