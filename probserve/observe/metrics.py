@@ -121,15 +121,22 @@ def report_interval_s() -> float:
     return max(ray._config.metrics_report_interval_ms(), 1000) / 1000
 
 
+def ray_connected() -> bool:
+    import ray
+
+    return ray.is_initialized()
+
+
 class HeldGauges:
     """Gauges set again every report interval with their last values. A Ray process exports a
     gauge only in the intervals it was set in, and the agent drops a series not reported for
     two: a gauge set only when its value changes (an idle replica's zero, an idle engine's last
     step) would vanish from Prometheus within seconds. One daemon thread a process sets them,
-    so that it works wherever they are set: on an event loop or in vLLM's threads."""
+    so that it works wherever they are set: on an event loop or in vLLM's threads. It stops
+    once the process has left Ray: a call into Ray after `ray.shutdown` ends the process."""
 
-    def __init__(self, period_s=report_interval_s):
-        self.period_s = period_s
+    def __init__(self, period_s=report_interval_s, connected=ray_connected):
+        self.period_s, self.connected = period_s, connected
         self.held: dict[tuple, tuple] = {}
         self.lock = threading.Lock()
         self.refresher: threading.Thread | None = None
@@ -147,6 +154,10 @@ class HeldGauges:
         while True:
             time.sleep(period_s)
             with self.lock:
+                if not self.connected():
+                    self.held.clear()
+                    self.refresher = None
+                    return
                 for gauge, value, tags in self.held.values():
                     gauge.set(value, tags)
 
