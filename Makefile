@@ -3,9 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/install.sh | cksum | cut -d' ' -f1)
 CONFIG ?= deployments/local.yaml
+TEST_MODELS := tiny-llama tiny-llama3 tiny-sentencepiece tiny-llama-sibling smollm2-135m-instruct
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv serve test unit prepare clean servers
+.PHONY: venv serve test unit screenshots prepare clean servers
 
 venv: $(STAMP)
 
@@ -34,11 +35,17 @@ servers:
 
 test: venv servers
 	$(VENV)/bin/ruff check probserve tests bench
-	$(VENV)/bin/probserve models prepare tiny-llama tiny-llama3 tiny-sentencepiece tiny-llama-sibling smollm2-135m-instruct
+	$(VENV)/bin/probserve models prepare $(TEST_MODELS)
 	$(PY) -m pytest tests --durations=30
 
 unit: venv
 	$(PY) -m pytest tests -m "not e2e"
+
+# The documentation's screenshots of the viewer (docs/images), taken by its tests.
+screenshots: venv servers
+	$(VENV)/bin/probserve models prepare $(TEST_MODELS)
+	PROBSERVE_SCREENSHOTS=docs $(PY) -m pytest tests/e2e/test_viewer.py \
+	  tests/e2e/test_tenancy.py::test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals
 
 clean:
 	rm -rf $(VENV)

@@ -54,7 +54,7 @@ class Browser:
 
     def screenshot(self, path: pathlib.Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.driver.save_screenshot(str(path))
+        assert self.driver.save_screenshot(str(path)), f"no screenshot written to {path}"
 
     def quit(self) -> None:
         self.driver.quit()

@@ -149,6 +149,16 @@ def http(base_url):
 
 
 @pytest.fixture(scope="session")
+def screenshots(tmp_path_factory) -> pathlib.Path:
+    """Where the viewer's tests save their screenshots: docs/images for `make screenshots`
+    (PROBSERVE_SCREENSHOTS=docs), else a folder of the session's, so that a test run leaves
+    the checkout as it found it."""
+    if os.environ.get("PROBSERVE_SCREENSHOTS") == "docs":
+        return pathlib.Path(__file__).parents[2] / "docs" / "images"
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture(scope="session")
 def references():
     """The float32 reference of each model, loaded once."""
     return {name: Reference(embedded_model_path(name)) for name in FAMILIES}

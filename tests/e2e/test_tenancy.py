@@ -27,7 +27,7 @@ from tests.e2e.conftest import TINY_KV_GIB, free_port
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
-from tests.e2e.test_viewer import SCREENSHOTS, click_and_wait
+from tests.e2e.test_viewer import click_and_wait
 
 APP, PREFIX = "tenancy", "/tenancy"
 REQUESTS_PER_MINUTE = 8  # alpha's
@@ -325,14 +325,14 @@ def test_a_tenant_s_files_and_batches_are_its_own_and_its_batch_counts_in_its_us
     assert after["generated_tokens"] - before["generated_tokens"] == 3
 
 
-def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tmp_path):
+def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tmp_path, screenshots):
     browser = Browser(tmp_path)
     try:
         browser.open(f"{url}/ui")
         refused = browser.visible("#error")
         assert refused.get_attribute("data-code") == "missing_api_key" and refused.text.startswith("401 ")
         assert browser.find("#key-row").is_displayed()
-        browser.screenshot(SCREENSHOTS / "viewer-key.png")
+        browser.screenshot(screenshots / "viewer-key.png")
         browser.find("#api-key").send_keys(keys["made"]["beta"])
         browser.find("#use-key").click()
         browser.wait_for(lambda _: [o.get_attribute("value") for o in browser.find_all("#model option")]

@@ -2,13 +2,13 @@
 Selenium) on the session's service: what it shows is what the API answers (offsets, pieces,
 log-probabilities, ranks, alternatives) and what the float32 reference computes, on every
 tokenizer family; hover and keyboard focus, a selected span, labels, two models compared,
-chat, a long text, the exports and the errors; and /ui switched off. The screenshots in
-docs/images are taken here. The key a tenancy service asks for: tests/e2e/test_tenancy.py."""
+chat, a long text, the exports and the errors; and /ui switched off. The screenshots of
+docs/images are taken here (`make screenshots` writes them there, a test run into a folder of
+its own). The key a tenancy service asks for: tests/e2e/test_tenancy.py."""
 
 import csv
 import json
 import math
-import pathlib
 import time
 
 import httpx
@@ -28,7 +28,6 @@ from tests.e2e.reference import TOLERANCE
 
 pytestmark = pytest.mark.e2e
 
-SCREENSHOTS = pathlib.Path(__file__).parents[2] / "docs" / "images"
 README_TEXT = "The capital of France is Paris."
 # Several scripts, accents, an emoji and a line break: the offsets count code points.
 MIXED_TEXT = "Größe of the café 👍 is naïve,\nsaid 東京 twice."
@@ -153,7 +152,8 @@ def test_a_text_is_shaded_where_and_as_the_api_scores_it(http, page, references,
     assert all(t["unscored"] for t in tokens if t["logprob"] is None)
 
 
-def test_the_readme_sentence_with_paris_shaded_and_its_alternatives_on_hover_and_focus(http, page):
+def test_the_readme_sentence_with_paris_shaded_and_its_alternatives_on_hover_and_focus(
+        http, page, screenshots):
     score(page, SMOLLM2, README_TEXT)
     answer = answer_of(http, scoring_body(SMOLLM2, README_TEXT))
     logprobs, rows = answer["choices"][0]["logprobs"], answer["choices"][0]["prompt_logprobs"]
@@ -163,7 +163,7 @@ def test_the_readme_sentence_with_paris_shaded_and_its_alternatives_on_hover_and
     tip = page.visible("#tooltip")
     assert f'" Paris" (id {logprobs["token_ids"][paris]})' in tip.text
     assert_alternatives(page, rows[paris])
-    page.screenshot(SCREENSHOTS / "viewer-text.png")
+    page.screenshot(screenshots / "viewer-text.png")
     # Keyboard: the next token by Tab from " Paris".
     spans[paris].send_keys(Keys.TAB)
     page.wait_for(lambda _: page.find("#tooltip").text.startswith("token\n\".\""))
@@ -183,7 +183,7 @@ def assert_alternatives(page, row: dict) -> None:
                                [e["logprob"] for e in expected], atol=1e-4)
 
 
-def test_a_selected_span_is_scored_alone(http, page):
+def test_a_selected_span_is_scored_alone(http, page, screenshots):
     score(page, MODEL, "One sentence before the span, then the span itself, and after it more words.")
     spans = page.find_all("#views .token")
     first, last = 5, 9
@@ -209,12 +209,12 @@ def test_a_selected_span_is_scored_alone(http, page):
     assert page.find("#views .total-count").text == str(last - first + 1)
     mean = sum(expected) / len(expected)
     assert float(page.find("#views .total-perplexity").text) == pytest.approx(math.exp(-mean), rel=1e-3)
-    page.screenshot(SCREENSHOTS / "viewer-span.png")
+    page.screenshot(screenshots / "viewer-span.png")
     page.find("#score-whole").click()
     assert [t["logprob"] for t in shown(page)] == [t["logprob"] for t in whole]
 
 
-def test_labels_get_a_bar_each_with_the_api_s_probabilities(http, page):
+def test_labels_get_a_bar_each_with_the_api_s_probabilities(http, page, screenshots):
     Select(page.find("#model")).select_by_value(SMOLLM2)
     fill(page, "#text", "The capital of France is")
     labels = [" Paris", " London", " Rome", " Berlin and more"]
@@ -234,10 +234,10 @@ def test_labels_get_a_bar_each_with_the_api_s_probabilities(http, page):
     widths = [bar.find_element("css selector", ".label-bar").size["width"] for bar in bars]
     assert widths.index(max(widths)) == 0  # " Paris"
     assert "by its first token" in bars[3].text and "by its first token" not in bars[0].text
-    page.screenshot(SCREENSHOTS / "viewer-labels.png")
+    page.screenshot(screenshots / "viewer-labels.png")
 
 
-def test_two_models_side_by_side_coloured_by_their_difference(http, page):
+def test_two_models_side_by_side_coloured_by_their_difference(http, page, screenshots):
     text = "Two models read the same words and disagree about some of them."
     score(page, MODEL, text, compare=TINY_SIBLING)
     first, second, difference = shown(page, 0), shown(page, 1), shown(page, 2)
@@ -255,14 +255,14 @@ def test_two_models_side_by_side_coloured_by_their_difference(http, page):
                                               .find_elements("css selector", ".token")[3]).perform()
     tip = page.visible("#tooltip").text
     assert f"{MODEL}\n{first[3]['logprob']:.4f}" in tip and f"difference\n{gaps[2]:.4f}" in tip
-    page.screenshot(SCREENSHOTS / "viewer-compare.png")
+    page.screenshot(screenshots / "viewer-compare.png")
     # Two tokenizers: each shaded on its own, and no difference made up.
     score(page, MODEL, text, compare=TINY_BOS)
     assert len(page.find_all("#views .view")) == 2
     assert "tokenize this text differently" in page.find("#views .note").text
 
 
-def test_chat_messages_are_scored_as_the_template_renders_them(http, page):
+def test_chat_messages_are_scored_as_the_template_renders_them(http, page, screenshots):
     Select(page.find("#model")).select_by_value(SMOLLM2)
     page.find("input[name=input-kind][value=chat]").click()
     contents = page.find_all("#messages textarea")
@@ -275,7 +275,7 @@ def test_chat_messages_are_scored_as_the_template_renders_them(http, page):
     tokens = shown(page)
     assert_shown_as_answered(tokens, answer)
     assert "<|im_start|>user" in page.find("#views .tokens").text
-    page.screenshot(SCREENSHOTS / "viewer-chat.png")
+    page.screenshot(screenshots / "viewer-chat.png")
 
 
 def test_a_long_text_renders_within_a_second(http, page, capsys):
