@@ -76,8 +76,7 @@ print("RESULT", json.dumps([tokens / seconds, spent]))
     env = {**os.environ, **AS_SHIPPED, **TUNED, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     result = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
-    rate, spent = json.loads(result.removeprefix("RESULT "))
-    return rate, spent
+    return tuple(json.loads(result.removeprefix("RESULT ")))
 
 
 def online(url: str, docs: list[list[int]], concurrency: int) -> tuple[float, dict[str, float]]:
