@@ -22,12 +22,13 @@ from probserve.store.home import apply_cache_environment
 from probserve.store.model_store import SMOLLM2, prepare
 
 CONCURRENCY = 16
+CALLER = {"tenant": "bench", "priority": 0}
 SMALL = EngineRequest(prompt_token_ids=[504, 3575, 282, 4649, 314], max_tokens=1,
-                      temperature=1.0, top_p=1.0, logprobs=5, prompt_logprobs=None)
+                      temperature=1.0, top_p=1.0, logprobs=5, prompt_logprobs=None, **CALLER)
 ECHO = EngineRequest(prompt_token_ids=list(range(1000, 1128)), max_tokens=1, temperature=1.0,
-                     top_p=1.0, logprobs=1, prompt_logprobs=1)
+                     top_p=1.0, logprobs=1, prompt_logprobs=1, **CALLER)
 FORWARD_ONLY = EngineRequest(prompt_token_ids=ECHO.prompt_token_ids, max_tokens=1,
-                             temperature=1.0, top_p=1.0, logprobs=None, prompt_logprobs=None)
+                             temperature=1.0, top_p=1.0, logprobs=None, prompt_logprobs=None, **CALLER)
 
 
 @serve.deployment(max_ongoing_requests=64)

@@ -14,7 +14,7 @@ from probserve.api.request_models import (
     field_error,
 )
 from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import EngineRequest
+from probserve.engine.wire import Caller, EngineRequest
 from probserve.errors import invalid
 from probserve.text.pieces import Pieces, id_prompt_pieces
 from probserve.text.vocabulary import Vocabulary
@@ -37,7 +37,7 @@ class Admitted:
 
 
 def admit_completion(request: CompletionRequest, caps: Capabilities, ingress: IngressConfig,
-                     vocab: Vocabulary) -> Admitted:
+                     vocab: Vocabulary, caller: Caller) -> Admitted:
     """/v1/completions: every check, then the prompts tokenized and their engine requests."""
     check_completion(request, caps, ingress, vocab)
     bias = logit_bias(request, vocab.logits_size)
@@ -45,19 +45,19 @@ def admit_completion(request: CompletionRequest, caps: Capabilities, ingress: In
     check_prompts(prompts, request, caps)
     lengths = [len(p.token_ids) for p in prompts]
     full_vocab = request.prompt_logprobs == -1
-    return Admitted(prompts, [engine_request(p, request, caps, bias) for p in prompts],
+    return Admitted(prompts, [engine_request(p, request, caps, caller, bias) for p in prompts],
                     scored_tokens=sum(scored_prompt_tokens(request, length) for length in lengths),
                     full_vocab_positions=sum(length - 1 for length in lengths) if full_vocab else 0)
 
 
 def admit_chat(request: ChatRequest, caps: Capabilities, ingress: IngressConfig,
-               vocab: Vocabulary) -> Admitted:
+               vocab: Vocabulary, caller: Caller) -> Admitted:
     """/v1/chat/completions: every check, then the messages rendered and their engine request."""
     check_chat(request, caps, ingress, vocab)
     bias = logit_bias(request, vocab.logits_size)
     prompt = chat_prompt(request, vocab)
     check_prompts([prompt], request, caps, "messages")
-    return Admitted([prompt], [engine_request(prompt, request, caps, bias)])
+    return Admitted([prompt], [engine_request(prompt, request, caps, caller, bias)])
 
 
 @dataclass(frozen=True)
@@ -297,7 +297,7 @@ def is_greedy(request: SamplingRequest) -> bool:
     return request.temperature < SAMPLING_EPS
 
 
-def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabilities,
+def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabilities, caller: Caller,
                    bias: dict[int, float] | None = None) -> EngineRequest:
     stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
     _, limit = request.token_limit()
@@ -318,4 +318,6 @@ def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabili
         prompt_logprobs=engine_prompt_logprobs(request) if scoring else None,
         prompt_rows_from=first_shown_row(request) if scoring else 0,
         logprob_token_ids=request.logprob_token_ids,
+        tenant=caller.tenant,
+        priority=caller.priority,
     )

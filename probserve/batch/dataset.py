@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from probserve.api import admission
 from probserve.api.request_models import ChatRequest, CompletionRequest, parse_request
 from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import EngineRequest, EngineResult
+from probserve.engine.wire import Caller, EngineRequest, EngineResult
 from probserve.errors import APIError, invalid
 from probserve.text.vocabulary import Vocabulary
 
@@ -196,9 +196,9 @@ def request_body(document: object, options: ScoreOptions, vocab: Vocabulary) -> 
 
 
 def admit_document(document: dict, options: ScoreOptions, caps: Capabilities, ingress: IngressConfig,
-                   vocab: Vocabulary) -> EngineRequest:
-    """The document's engine request, after every check the online API makes; APIError if
-    it would refuse it."""
+                   vocab: Vocabulary, priority: int) -> EngineRequest:
+    """The document's engine request, of the run's tenant at `priority`, after every check the
+    online API makes; APIError if it would refuse it."""
     if "" in document:
         raise document[""]
     if options.column not in document or document[options.column] is None:
@@ -206,7 +206,8 @@ def admit_document(document: dict, options: ScoreOptions, caps: Capabilities, in
                       "missing_column")
     body = request_body(document[options.column], options, vocab)
     rules = admission.rules(caps, ingress)
-    admitted = admission.admit_completion(parse_request(CompletionRequest, body, rules), caps, ingress, vocab)
+    admitted = admission.admit_completion(parse_request(CompletionRequest, body, rules), caps, ingress,
+                                          vocab, Caller(options.tenant, priority))
     return admitted.engine_requests[0]
 
 

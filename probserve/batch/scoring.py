@@ -106,8 +106,7 @@ class ShardScorer:
         RETRY_FOR_S."""
         try:
             request = dataset.admit_document(document, self.options, self.model.capabilities,
-                                             self.ingress, self.vocab)
-            request = dataclasses.replace(request, tenant=self.options.tenant, priority=self.priority)
+                                             self.ingress, self.vocab, self.priority)
             give_up = time.monotonic() + RETRY_FOR_S
             while True:
                 try:

@@ -28,6 +28,8 @@ from probserve.engine.vllm_fence import (
 )
 from probserve.engine.windows import joined_windows, next_window, prompt_windows
 from probserve.engine.wire import (
+    ONLINE,
+    REPLICA_ITSELF,
     Completion,
     EngineRequest,
     EngineResult,
@@ -44,12 +46,17 @@ from probserve.store.home import apply_cache_environment
 
 logger = logging.getLogger("probserve.replica")
 
+# The namespace of every request's prefix caches on a model that shares them
+# (`models[].shared_prefix_caches`); a tenant's own is "tenant:" and its name.
+SHARED_CACHES = "shared"
+ITSELF = {"tenant": REPLICA_ITSELF, "priority": ONLINE}
+
 
 def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
     the buffers of the longest full-vocabulary prompt (`rows` positions), which vLLM's worker
     and this process make on its first windows and keep for the next (docs/benchmarks.md)."""
-    greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1}
+    greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1, **ITSELF}
     return (EngineRequest(prompt_token_ids=[1, 2, 3], prompt_logprobs=1, **greedy),
             EngineRequest(prompt_token_ids=list(range(1, rows + 2)), prompt_logprobs=-1, **greedy))
 
@@ -245,9 +252,8 @@ class ModelReplica:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        namespace = self.cache_namespace(request)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids,
-                              **({"cache_salt": namespace} if namespace else {}))
+                              cache_salt=self.cache_namespace(request))
         final, generated = None, 0
         try:
             async with self.background.turn(request):
@@ -263,8 +269,9 @@ class ModelReplica:
         self.metrics.served(engine_stats(final, generated))
 
     def cache_namespace(self, request: EngineRequest) -> str:
-        """Whose prefix caches the request reads and fills: its tenant's, unless shared."""
-        return "" if self.model.shared_prefix_caches else request.tenant
+        """Whose prefix caches the request reads and fills (vLLM's KV cache salted with it, the
+        scored-prefix cache keyed by it): its tenant's, unless the model shares them."""
+        return SHARED_CACHES if self.model.shared_prefix_caches else f"tenant:{request.tenant}"
 
     def uses_scored_cache(self, request: EngineRequest) -> bool:
         return self.scored is not None and self.scored.eligible(request)

@@ -74,6 +74,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from probserve.engine.wire import (
+    ONLINE,
+    REPLICA_ITSELF,
     EngineRequest,
     EngineResult,
     FullVocabParts,
@@ -318,7 +320,7 @@ def marked_count(count: int, extra_args: dict) -> int:
 def full_vocab_rows(logprobs: np.ndarray, token_ids: np.ndarray, ranks: np.ndarray) -> FullVocabRows:
     """Rows in token-id order, with each prompt token's own logprob and rank."""
     actual = logprobs[np.arange(len(token_ids)), token_ids]
-    return FullVocabRows(logprobs, actual, ranks.astype(np.int64))
+    return FullVocabRows(logprobs, token_ids.astype(np.int32), actual, ranks.astype(np.int64))
 
 
 def rows_from(rows, first_row: int):
@@ -457,12 +459,11 @@ def keep_top_k_beside_labels() -> None:
 # Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.
 CHECK_PROMPT = [1, 2, 3]
 CHECK_TOP_K = 5
-LABELS_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0, top_p=1.0,
-                             logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
-FULL_VOCAB_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0,
-                                 top_p=1.0, prompt_logprobs=-1)
-TOP_K_CHECK = EngineRequest(prompt_token_ids=CHECK_PROMPT, max_tokens=1, temperature=0.0, top_p=1.0,
-                            prompt_logprobs=CHECK_TOP_K)
+CHECK = {"prompt_token_ids": CHECK_PROMPT, "max_tokens": 1, "temperature": 0.0, "top_p": 1.0,
+         "tenant": REPLICA_ITSELF, "priority": ONLINE}
+LABELS_CHECK = EngineRequest(**CHECK, logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
+FULL_VOCAB_CHECK = EngineRequest(**CHECK, prompt_logprobs=-1)
+TOP_K_CHECK = EngineRequest(**CHECK, prompt_logprobs=CHECK_TOP_K)
 # Two forward passes of one prompt agree to float32 rounding, not bit for bit.
 CHECK_TOLERANCE = 1e-4
 

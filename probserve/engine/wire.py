@@ -16,6 +16,8 @@ def token_array(token_ids) -> np.ndarray:
 
 
 ONLINE = 0  # EngineRequest.priority of the API's own callers
+# The tenant of a replica's own requests (its warm-up and self-checks).
+REPLICA_ITSELF = "probserve:replica"
 
 # Generated tokens a request scoring its prompt may ask for and still be waited for.
 SCORING_MAX_TOKENS = 16
@@ -29,6 +31,15 @@ class EngineUnavailable(Exception):
 class QueueTimeout(Exception):
     """Raised by a model replica for a request that waited for a place longer than its model's
     `max_queue_wait_s`: the request gets 503 `overloaded`."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whose engine requests admission builds: the tenant (ANONYMOUS without a key file) and
+    the scheduling priority (ONLINE, or a batch's)."""
+
+    tenant: str
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,12 @@ class EngineRequest:
     logprob_token_ids: list[int] | None = None
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
-    tenant: str = ""  # the caller's: its own entries in the scored-prefix cache
+    # Whose request it is, set where it is built (probserve.api.admission), never defaulted: a
+    # tenant's prefix caches are its own unless its model shares them (engine.replica).
+    tenant: str = field(kw_only=True)
     # vLLM's scheduling priority, lower first: ONLINE for the API's callers, higher for batch
     # lines and dataset documents (BatchConfig.priority), which take what online work leaves.
-    priority: int = 0
+    priority: int = field(kw_only=True)
 
     def background(self) -> bool:
         return self.priority > ONLINE
@@ -163,6 +176,7 @@ class RankedRows:
 
     token_ids: np.ndarray  # int32 [positions, columns]
     logprobs: np.ndarray  # float32 [positions, columns]
+    actual_token_ids: np.ndarray  # int32 [positions]
     actual_logprobs: np.ndarray  # float32 [positions]
     actual_ranks: np.ndarray  # int64 [positions]
 
@@ -184,6 +198,7 @@ class FullVocabRows:
     rows (as vLLM computes them), so no row is searched for it."""
 
     logprobs: np.ndarray  # float32 [prompt tokens - 1, vocab]
+    actual_token_ids: np.ndarray  # int32 [prompt tokens - 1]: prompt tokens 1 on
     actual_logprobs: np.ndarray  # float32 [prompt tokens - 1]
     actual_ranks: np.ndarray  # int64 [prompt tokens - 1]
 
@@ -202,7 +217,7 @@ class FullVocabRows:
             top = np.argpartition(negated, k, axis=1)[:, :k]
             order = np.take_along_axis(top, np.argsort(np.take_along_axis(negated, top, 1), 1), 1)
         return RankedRows(order.astype(np.int32), np.take_along_axis(self.logprobs, order, axis=1),
-                          self.actual_logprobs, self.actual_ranks)
+                          self.actual_token_ids, self.actual_logprobs, self.actual_ranks)
 
 
 @dataclass(frozen=True)

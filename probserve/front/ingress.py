@@ -36,7 +36,7 @@ from probserve.api.request_models import (
 )
 from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
 from probserve.config import AppConfig, Capabilities, ModelConfig
-from probserve.engine.wire import ONLINE, EngineRequest, EngineResult
+from probserve.engine.wire import ONLINE, Caller, EngineResult
 from probserve.errors import APIError, invalid, not_ready
 from probserve.front.batch_api import BatchAPI
 from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
@@ -80,11 +80,9 @@ class Call:
     record: RequestRecord
     priority: int = ONLINE  # the engine's scheduling priority (a batch line's: BatchConfig.priority)
 
-
-def tenants_requests(call: Call, admitted: Admitted) -> list[EngineRequest]:
-    """The engine requests, each with its tenant (whose prefix caches it uses) and priority."""
-    return [dataclasses.replace(r, tenant=call.record.tenant, priority=call.priority)
-            for r in admitted.engine_requests]
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.record.tenant, self.priority)
 
 
 def serve_details() -> dict:
@@ -325,12 +323,13 @@ class Ingress:
         return dataclasses.replace(call, priority=self.config.batch.priority)
 
     async def admit_completion(self, call: Call) -> Admitted:
-        admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab)
+        admitted = admission.admit_completion(call.body, call.caps, self.config.ingress, call.vocab,
+                                              call.caller)
         await self.charge(call, admitted)
         return admitted
 
     async def admit_chat(self, call: Call) -> Admitted:
-        admitted = admission.admit_chat(call.body, call.caps, self.config.ingress, call.vocab)
+        admitted = admission.admit_chat(call.body, call.caps, self.config.ingress, call.vocab, call.caller)
         await self.charge(call, admitted)
         return admitted
 
@@ -349,7 +348,7 @@ class Ingress:
         await self.access.charge_prompt(call.tenant, call.record, admitted.full_vocab_positions)
 
     async def send(self, call: Call, admitted: Admitted) -> list[EngineResult]:
-        results = await self.engines.generate(call.model.name, tenants_requests(call, admitted))
+        results = await self.engines.generate(call.model.name, admitted.engine_requests)
         record_results(call.record, results, call.body.n)
         return results
 
@@ -365,7 +364,7 @@ class Ingress:
         release = await self.full_vocab_places(call)
         try:
             prompts = [StreamedRows(self.engines.full_vocab_windows(call.model.name, r))
-                       for r in tenants_requests(call, admitted)]
+                       for r in admitted.engine_requests]
             await prompts[0].first()
             return self.full_vocab.body(request, call.model.name, call.vocab, call.body, admitted,
                                         prompts, release, call.record)

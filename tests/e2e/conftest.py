@@ -177,3 +177,7 @@ def complete(http):
         assert response.status_code == 200, response.text
         return response.json()
     return post
+
+
+# The tenancy application's fixtures, for every module that uses it (below: it imports this).
+from tests.e2e.tenancy_app import app_args, keys, redis_server, tenancy_url  # noqa: E402, F401

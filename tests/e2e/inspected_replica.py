@@ -3,24 +3,64 @@ it (how many engine requests reached it, what its engine holds, its engine's pro
 none of that lives on the production replica."""
 
 import sys
-from collections import Counter
+from collections import Counter, deque
 
 from ray import cloudpickle, serve
 
 from probserve.engine.replica import ModelReplica
 
+# The engine requests whose tenant and cache reads the replica keeps, and how many of each
+# prompt's first ids tell it apart.
+SERVED_KEPT, PROMPT_KEPT = 4096, 16
 
-class InspectedReplica(ModelReplica.func_or_class):
+
+class TenantsInEngine(ModelReplica.func_or_class):
+    """Each tenant's engine requests under way, and the most at once since the last reading."""
+
+    async def __init__(self, *args, **kwargs):
+        self.tenants_now, self.tenants_peak = Counter(), Counter()
+        await super().__init__(*args, **kwargs)
+
+    async def outputs(self, request, stream: bool):
+        tenant = request.tenant
+        self.tenants_now[tenant] += 1
+        self.tenants_peak[tenant] = max(self.tenants_peak[tenant], self.tenants_now[tenant])
+        try:
+            async for output in super().outputs(request, stream):
+                yield output
+        finally:
+            self.tenants_now[tenant] -= 1
+
+    def peak_in_engine(self, tenant: str) -> int:
+        """The most engine requests of `tenant` in the engine at once since the last call (from
+        those under way then): a tenant's in-flight bound, seen where it matters."""
+        peak, self.tenants_peak[tenant] = self.tenants_peak[tenant], self.tenants_now[tenant]
+        return peak
+
+
+class InspectedReplica(TenantsInEngine):
     async def __init__(self, *args, **kwargs):
         self.requests_received = 0
         self.priorities = Counter()
+        self.served = deque(maxlen=SERVED_KEPT)
         await super().__init__(*args, **kwargs)
 
     async def outputs(self, request, stream: bool):
         self.requests_received += 1
         self.priorities[request.priority] += 1
+        first = True
         async for output in super().outputs(request, stream):
+            if first:  # the engine reports its cache reads with the prefill's output
+                self.served.append((request.tenant, request.prompt_token_ids[:PROMPT_KEPT],
+                                    output.num_cached_tokens or 0))
+                first = False
             yield output
+
+    def cache_reads(self, prompt_start: list[int]) -> list[tuple[str, int]]:
+        """The tenant and the prefix-cache tokens read of each engine request, in order, whose
+        prompt begins with these ids (at most PROMPT_KEPT)."""
+        return [(tenant, cached) for tenant, start, cached in self.served
+                if start[:len(prompt_start)] == prompt_start]
 
     def request_count(self) -> int:
         """Engine requests this replica has received (warm-up and self-checks included): the
@@ -35,6 +75,14 @@ class InspectedReplica(ModelReplica.func_or_class):
         """Requests the engine holds (running or waiting): a client that leaves must not
         stay among them."""
         return self.engine.output_processor.get_num_unfinished_requests()
+
+    def background_waiting(self) -> int:
+        """Background requests the replica holds back from the engine for now."""
+        return self.background.waiting
+
+    def background_quiet(self) -> bool:
+        """Whether online requests have paused long enough for background prompts to go whole."""
+        return self.background.quiet()
 
     def engine_core_pids(self) -> list[int]:
         """The engine's EngineCore processes, as vLLM's own launcher holds them (a process's

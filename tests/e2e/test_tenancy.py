@@ -1,15 +1,14 @@
-"""Tenants and keys over HTTP, on a second application with two ingress replicas that share
-one real Redis (Debian's redis-server, started here): every error, model visibility and
+"""Tenants and keys over HTTP, on the tenancy application (tests/e2e/tenancy_app.py: two
+ingress replicas that share one real Redis): every error, model visibility and
 tighter caps, a request rate that holds across both replicas and resets, fair sharing under a
 flood, usage read back, Redis going away, the viewer asking for a key and showing a tenant's
 refusals, and no key or prompt in any log."""
 
-import shutil
-import statistics
-import subprocess
+import itertools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 import numpy as np
@@ -18,109 +17,63 @@ import pytest
 from ray import serve
 from selenium.webdriver.support.ui import Select
 
-from probserve.ops.app import build_app
+from probserve.config import model_deployment_name
 from probserve.store.model_store import TINY, TINY_BOS
 from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
+from probserve.tenants.keyring import KeyFile
 from tests.e2e.browser import Browser
-from tests.e2e.conftest import TINY_KV_GIB, free_port
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.same_answer import assert_same_choice
+from tests.e2e.tenancy_app import (
+    APP,
+    FLOOD_CLIENTS,
+    FLOOD_MAX_IN_FLIGHT,
+    INGRESS_REPLICAS,
+    REQUESTS_PER_MINUTE,
+    VIEWER_REQUESTS_PER_MINUTE,
+    as_,
+    deploy,
+)
 from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
 from tests.e2e.test_viewer import click_and_wait
 
-APP, PREFIX = "tenancy", "/tenancy"
-REQUESTS_PER_MINUTE = 8  # alpha's
-VIEWER_REQUESTS_PER_MINUTE = 3  # the viewer test's tenant's
 SECRET_WORD = f"tenant-secret-{uuid.uuid4().hex}"
 # Metrics reach Prometheus through Ray's metrics agent (reports every 2 s) and a scrape (every
 # 3 s), both slower on a loaded machine.
 METRICS_WAIT_S = 90
-
-
-class RedisServer:
-    def __init__(self, port: int, folder):
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed: `make test` installs Debian's package"
-        self.command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                        "--appendonly", "no", "--dir", str(folder)]
-        self.port = port
-        self.start()
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
-                             text=True).stdout.strip() != "PONG":
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(10)
+# How long a test waits, at most, for what must come (usage counted once a response is over,
+# the service back with Redis, a batch's progress): bounds against a hang, not timings.
+USAGE_WAIT_S, REDIS_BACK_S, BATCH_WAIT_S = 30, 60, 240
+# The fairness test: flood's clients, many more than its bound per ingress replica, and one
+# request for every tenant there (the same work whoever sends it: only where it waits differs).
+BETA_REQUESTS = 11
+SAME_REQUEST = {"prompt": "the same request", "max_tokens": 8, "temperature": 0}
+# The redeployed batch's lines, each compared with the same request online (another tenant's,
+# whose caches hold none of the batch's prompts), so many prompts a request.
+SCORING, ONLINE_PROMPTS = {"max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}, 60
+FLOOD_START_S, FLOOD_LIMIT_S = 60, 300  # every client answered once by then; stopped by then
 
 
 @pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
+def url(tenancy_url) -> str:
+    return tenancy_url
 
 
-@pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    """alpha: the first tiny model only, tighter caps, a request rate, two in flight; beta:
-    both models, no limits; gamma: a key that gets revoked; flood: one in flight, eight
-    waiting; viewer: the first model only, three requests a minute."""
-    folder = tmp_path_factory.mktemp("keys")
-    secret_file, key_file = folder / "secret", folder / "keys.yaml"
-    secret_file.write_text(keyring.new_secret())
-    secret = keyring.read_secret(secret_file)
-    made, document = {}, KeyFile(tenants={
-        "alpha": Tenant(models=[TINY], caps=TenantCaps(max_logprobs=2),
-                        limits=TenantLimits(requests_per_minute=REQUESTS_PER_MINUTE, max_in_flight=2)),
-        "beta": Tenant(), "gamma": Tenant(),
-        "flood": Tenant(limits=TenantLimits(max_in_flight=1, max_waiting=8)),
-        "viewer": Tenant(models=[TINY], limits=TenantLimits(requests_per_minute=VIEWER_REQUESTS_PER_MINUTE))})
-    for name in ("alpha", "beta", "gamma", "flood", "viewer"):
-        document, made[name] = keyring.create_key(document, name, secret)
-    document.write(key_file)
-    return {"key_file": key_file, "secret_file": secret_file, "made": made}
-
-
-@pytest.fixture(scope="module")
-def app_args(redis_server, keys, tmp_path_factory) -> dict:
-    tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": TINY_KV_GIB,
-            "ray_actor_options": {"num_cpus": 0.01}}
-    # The second model is only listed and refused here, never sent to: scaled to zero, it
-    # costs no engine.
-    idle = {"autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
-    args = {"models": [{"name": TINY, **tiny}, {"name": TINY_BOS, **tiny, **idle}],
-            "ingress": {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
-                        "ray_actor_options": {"num_cpus": 0.01}},
-            "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}},
-            "tenancy": {"key_file": str(keys["key_file"]), "secret_file": str(keys["secret_file"]),
-                        "reload_s": 1, "storage": f"redis://127.0.0.1:{redis_server.port}/0"},
-            "batch": {"storage": str(tmp_path_factory.mktemp("tenancy-batch")),
-                      "ray_actor_options": {"num_cpus": 0.01}}}
-    return args
-
-
-@pytest.fixture(scope="module")
-def url(base_url, app_args):
-    serve.run(build_app(app_args), name=APP, route_prefix=PREFIX)
-    yield f"{base_url}{PREFIX}"
-    serve.delete(APP)
+def polled(read: Callable, done: Callable[..., bool], wait_s: float, what: str):
+    """`read()` again, every half second, until `done` holds of what it returned (at most
+    `wait_s`): that value."""
+    deadline = time.monotonic() + wait_s
+    while not done(value := read()):
+        assert time.monotonic() < deadline, f"{what}: {value}"
+        time.sleep(0.5)
+    return value
 
 
 @pytest.fixture(scope="module")
 def alpha_refusal() -> dict:
     """When alpha's rate was first refused, and the wait it was told (the rate tests)."""
     return {}
-
-
-def as_(keys, name: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {keys['made'][name]}"}
 
 
 def complete(url, headers, model=TINY, **body) -> httpx.Response:
@@ -193,47 +146,96 @@ def test_the_request_rate_holds_across_both_ingress_replicas(url, keys, promethe
         time.sleep(1)
 
 
-def test_one_tenants_flood_waits_in_its_own_queue_while_the_others_are_served(url, keys, capsys):
-    """Fair sharing, checked within one run rather than against a wall-clock bound: under the
-    flood, another tenant's requests are answered well before the flood's own, which wait in
-    its queue. Beta's latency idle and under the flood is printed (docs/tenancy.md)."""
-    beta = as_(keys, "beta")
-
-    def beta_latency() -> float:
-        times = []
-        for _ in range(11):
-            started = time.monotonic()
-            assert complete(url, beta, max_tokens=8, temperature=0).status_code == 200
-            times.append(time.monotonic() - started)
-        return statistics.median(times)
-    idle = beta_latency()
-    stop, answers = threading.Event(), []
-
-    def flood() -> None:
-        """A client that sends again as soon as it has an answer; eight of them, against
-        flood's bound of one in flight per ingress replica: the others wait in flood's queue."""
-        with httpx.Client(timeout=120) as client:
-            while not stop.is_set():
-                started = time.monotonic()
-                status = client.post(f"{url}/v1/completions", headers=as_(keys, "flood"),
-                                     json={"model": TINY, "prompt": "flood", "max_tokens": 32}).status_code
-                answers.append((status, time.monotonic() - started))
-    threads = [threading.Thread(target=flood) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    time.sleep(3)
+def timed(send: Callable[[], httpx.Response]) -> tuple[float, float, int | str]:
+    """When a request left, when its answer came, and its status (or its transport error)."""
+    sent = time.monotonic()
     try:
-        busy = beta_latency()
-    finally:
-        stop.set()
-        for thread in threads:
+        status = send().status_code
+    except httpx.HTTPError as error:
+        status = type(error).__name__
+    return sent, time.monotonic(), status
+
+
+class Flood:
+    """Clients of one tenant, each sending SAME_REQUEST again as soon as it has an answer,
+    from entering the block to leaving it."""
+
+    def __init__(self, url: str, headers: dict[str, str], clients: int):
+        self.url, self.headers, self.stop = url, headers, threading.Event()
+        self.sent: list[list] = [[] for _ in range(clients)]  # each client's timed requests
+        self.threads = [threading.Thread(target=self.client, args=(mine,)) for mine in self.sent]
+
+    def client(self, mine: list) -> None:
+        deadline = time.monotonic() + FLOOD_LIMIT_S
+        with httpx.Client(timeout=120) as client:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                mine.append(timed(lambda: client.post(f"{self.url}/v1/completions", headers=self.headers,
+                                                      json={"model": TINY, **SAME_REQUEST})))
+
+    def __enter__(self) -> "Flood":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.stop.set()
+        for thread in self.threads:
             thread.join()
-    assert {status for status, _ in answers} == {200}
-    flood_median = statistics.median(seconds for _, seconds in answers)
-    assert flood_median > 2 * busy, "flood's requests did not wait in its own queue"
-    with capsys.disabled():
-        print(f"\nbeta's median latency: idle {idle:.3f} s, under the flood {busy:.3f} s "
-              f"({busy / idle:.2f}x); flood's {len(answers)} requests: median {flood_median:.3f} s")
+
+    def clients_answered(self) -> int:
+        return sum(1 for mine in self.sent if mine)
+
+    def requests(self) -> list[tuple[float, float, int | str]]:
+        return list(itertools.chain.from_iterable(self.sent))
+
+
+def tenancy_model():
+    """The handle of the application's model replica (one): what its engine holds."""
+    return serve.get_deployment_handle(model_deployment_name(TINY), app_name=APP)
+
+
+def test_one_tenants_flood_waits_in_its_own_queue_while_the_others_are_served(url, keys):
+    """Fair sharing, by what the engine holds and the order answers come in, not by timings
+    (bench/tenant_flood.py times it): flood's clients, each sending again as soon as it has
+    an answer, are many more than flood's bound, yet the engine never holds more of flood's
+    requests than that bound per ingress replica; the others wait in flood's own queue, and
+    beta's requests, the very same work, go ahead of them."""
+    model = tenancy_model()
+    model.peak_in_engine.remote("flood").result()  # counted from here
+    with Flood(url, as_(keys, "flood"), FLOOD_CLIENTS) as flood:
+        # Every client sends again at once: from here flood's queues hold waiters.
+        polled(flood.clients_answered, lambda answered: answered == FLOOD_CLIENTS, FLOOD_START_S,
+               "flood's clients answered")
+        beta = as_(keys, "beta")
+        betas = [timed(lambda: complete(url, beta, **SAME_REQUEST)) for _ in range(BETA_REQUESTS)]
+    floods = flood.requests()
+    assert {status for _, _, status in floods + betas} == {200}
+    peak = model.peak_in_engine.remote("flood").result()
+    assert 1 <= peak <= FLOOD_MAX_IN_FLIGHT * INGRESS_REPLICAS, f"flood had {peak} in the engine at once"
+    for sent, answered, _ in betas:  # each went ahead of a flood request waiting when it came
+        assert any(flood_sent < sent and flood_answered > answered
+                   for flood_sent, flood_answered, _ in floods), "beta's request waited behind all of flood's"
+
+
+def amount(usage: dict, field: str) -> int:
+    """A usage figure: "200" is the requests answered so."""
+    return usage["requests"].get("200", 0) if field == "200" else usage[field]
+
+
+def usage_grown_by(url, headers, before: dict, grown: dict[str, int], answered: int | None = None) -> dict:
+    """The tenant's usage, read again until it has grown since `before` by `grown` ({field:
+    amount}) and by `answered` 200s besides the reads of it (each counted once it is over,
+    `before`'s too), then asserted to have grown by exactly that."""
+    reads_before = itertools.count(1)  # `before`, then each read since
+
+    def read() -> tuple[dict, dict[str, int], dict[str, int]]:
+        usage = httpx.get(f"{url}/v1/usage", headers=headers).json()
+        wanted = grown if answered is None else {**grown, "200": answered + next(reads_before)}
+        return usage, wanted, {field: amount(usage, field) - amount(before, field) for field in wanted}
+    usage, wanted, got = polled(read, lambda figures: all(figures[2][f] >= n for f, n in figures[1].items()),
+                                USAGE_WAIT_S, "usage (as read, wanted growth, growth)")
+    assert got == wanted
+    return usage
 
 
 def test_usage_reads_back_what_the_tenant_sent(url, keys, prometheus):
@@ -252,13 +254,9 @@ def test_usage_reads_back_what_the_tenant_sent(url, keys, prometheus):
     sent["prompt_tokens"] += 12
     sent["scored_tokens"] += 12
     sent["generated_tokens"] += 1
-    time.sleep(1)  # usage is added once each response is over
-    after = httpx.get(f"{url}/v1/usage", headers=delta).json()
+    sent["full_vocab_bytes"] = full.num_bytes_downloaded
+    after = usage_grown_by(url, delta, before, sent, answered=3)
     assert after["tenant"] == "beta"
-    for field, value in sent.items():
-        assert after[field] - before[field] == value, field
-    assert after["requests"]["200"] - before["requests"]["200"] == 4  # 3 completions and a usage read
-    assert after["full_vocab_bytes"] - before["full_vocab_bytes"] == full.num_bytes_downloaded
     deadline = time.monotonic() + METRICS_WAIT_S  # then the two counts must be equal
     query = 'sum(probserve_request_prompt_tokens_total{tenant="beta", application="tenancy"})'
     while (exported := prometheus.value(query)) < after["prompt_tokens"]:
@@ -299,6 +297,19 @@ def test_the_request_rate_resets_after_its_window(url, keys, alpha_refusal):
     assert time.monotonic() - refused_at >= retry_after - 1, "the window reset early"
 
 
+def completed(batch: dict) -> bool:
+    return batch["status"] == "completed"
+
+
+def batch_when(batch_url: str, headers: dict[str, str], reached: Callable[[dict], bool],
+               statuses_before: tuple[str, ...]) -> dict:
+    """The batch, read again until `reached` holds of it, in one of `statuses_before` until then."""
+    def reached_so_far(batch: dict) -> bool:
+        assert reached(batch) or batch["status"] in statuses_before, batch
+        return reached(batch)
+    return polled(lambda: httpx.get(batch_url, headers=headers).json(), reached_so_far, BATCH_WAIT_S, "batch")
+
+
 def test_a_tenant_s_files_and_batches_are_its_own_and_its_batch_counts_in_its_usage(url, keys):
     beta, others = as_(keys, "beta"), [as_(keys, "flood"), {}]
     before = httpx.get(f"{url}/v1/usage", headers=beta).json()
@@ -315,14 +326,8 @@ def test_a_tenant_s_files_and_batches_are_its_own_and_its_batch_counts_in_its_us
             assert httpx.get(f"{url}{path}", headers=headers).status_code == (404 if headers else 401), path
     listed = httpx.get(f"{url}/v1/files", headers=others[0]).json()["data"]
     assert uploaded["id"] not in {f["id"] for f in listed}
-    deadline, batch_url = time.monotonic() + 60, f"{url}/v1/batches/{batch['id']}"
-    while (batch := httpx.get(batch_url, headers=beta).json())["status"] != "completed":
-        assert time.monotonic() < deadline, batch
-        time.sleep(0.5)
-    time.sleep(1)  # usage is added once each line is over
-    after = httpx.get(f"{url}/v1/usage", headers=beta).json()
-    assert after["prompt_tokens"] - before["prompt_tokens"] == 3 * 10
-    assert after["generated_tokens"] - before["generated_tokens"] == 3
+    batch_when(f"{url}/v1/batches/{batch['id']}", beta, completed, ("validating", "in_progress"))
+    usage_grown_by(url, beta, before, {"prompt_tokens": 3 * 10, "generated_tokens": 3})
 
 
 def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tmp_path, screenshots):
@@ -371,41 +376,54 @@ def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_
         assert (usage.status_code, usage.json()["error"]["code"]) == (503, "usage_unavailable")
     finally:
         redis_server.start()
-    back = time.monotonic()  # its clients reconnect on their next commands
-    while (answer := complete(url, alpha)).status_code != 200:
-        assert answer.json()["error"]["code"] == "rate_limit_unavailable"
-        assert time.monotonic() - back < 20, "the service did not come back with Redis"
-        time.sleep(0.5)
+
+    def back(answer: httpx.Response) -> bool:  # its clients reconnect on their next commands
+        assert answer.status_code == 200 or answer.json()["error"]["code"] == "rate_limit_unavailable"
+        return answer.status_code == 200
+    polled(lambda: complete(url, alpha), back, REDIS_BACK_S, "the service did not come back with Redis")
+
+
+def online_choices(url: str, headers: dict[str, str], prompts: list[list[int]]) -> list[dict]:
+    """Each prompt's choice in answer to SCORING online, ONLINE_PROMPTS prompts a request."""
+    choices = []
+    for start in range(0, len(prompts), ONLINE_PROMPTS):
+        answer = complete(url, headers, prompt=prompts[start:start + ONLINE_PROMPTS], **SCORING)
+        assert answer.status_code == 200, answer.text
+        choices += sorted(answer.json()["choices"], key=lambda choice: choice["index"])
+    assert len(choices) == len(prompts)
+    return choices
 
 
 def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url, keys, app_args):
     """Every deployment of the application (both ingress replicas, the model, the pool, the
     batch runner) deleted mid-batch and deployed again: what the batch has done lives in its
-    storage, and the new runner takes it up from there."""
-    beta, count = as_(keys, "beta"), 300  # each its own first token: none read from a cache
+    storage, and the new runner takes it up from there: each line is answered once, as the
+    same request is online."""
+    beta, count = as_(keys, "beta"), 300
+    prompts = [[1000 + i, *range(10, 70)] for i in range(count)]  # each its own first token: none cached
     lines = b"".join(orjson.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/completions",
-                                   "body": {"model": TINY, "prompt": [1000 + i, *range(10, 70)],
-                                            "max_tokens": 1, "echo": True, "logprobs": 1}}) + b"\n"
-                     for i in range(count))
+                                   "body": {"model": TINY, "prompt": prompt, **SCORING}}) + b"\n"
+                     for i, prompt in enumerate(prompts))
     uploaded = httpx.post(f"{url}/v1/files", headers=beta, data={"purpose": "batch"},
                           files={"file": ("in.jsonl", lines)}).json()
     batch = httpx.post(f"{url}/v1/batches", headers=beta, json={
         "input_file_id": uploaded["id"], "endpoint": "/v1/completions", "completion_window": "24h"}).json()
     batch_url = f"{url}/v1/batches/{batch['id']}"
-    while (batch := httpx.get(batch_url, headers=beta).json())["request_counts"]["completed"] < 10:
-        assert batch["status"] in ("validating", "in_progress"), batch
-        time.sleep(0.2)
+    batch_when(batch_url, beta, lambda started: started["request_counts"]["completed"] >= 10,
+               ("validating", "in_progress"))
     serve.delete(APP)
-    serve.run(build_app(app_args), name=APP, route_prefix=PREFIX)
-    redeployed_at, deadline = int(time.time()), time.monotonic() + 240
-    while (batch := httpx.get(batch_url, headers=beta).json())["status"] != "completed":
-        assert batch["status"] == "in_progress" and time.monotonic() < deadline, batch
-        time.sleep(0.5)
-    done = httpx.get(f"{url}/v1/files/{batch['output_file_id']}/content", headers=beta)
-    custom_ids = [orjson.loads(line)["custom_id"] for line in done.content.splitlines()]
-    assert sorted(custom_ids) == sorted(f"line-{i}" for i in range(count))  # each exactly once
+    deploy(app_args)
+    redeployed_at = int(time.time())
+    batch = batch_when(batch_url, beta, completed, ("in_progress",))
     assert batch["error_file_id"] is None and batch["completed_at"] >= redeployed_at
     assert batch["request_counts"] == {"total": count, "completed": count, "failed": 0}
+    done = httpx.get(f"{url}/v1/files/{batch['output_file_id']}/content", headers=beta)
+    answered = [orjson.loads(line) for line in done.content.splitlines()]
+    assert sorted(line["custom_id"] for line in answered) == sorted(f"line-{i}" for i in range(count))  # once
+    answers = {line["custom_id"]: line["response"]["body"]["choices"] for line in answered}
+    for i, online in enumerate(online_choices(url, as_(keys, "flood"), prompts)):
+        (line_choice,) = answers[f"line-{i}"]
+        assert_same_choice(line_choice, online)
 
 
 def test_no_key_and_no_prompt_in_any_log_or_in_the_key_file(url, keys):

@@ -3,6 +3,7 @@ import pytest
 from probserve.api import admission
 from probserve.api.request_models import CompletionRequest, parse_request
 from probserve.config import Capabilities, IngressConfig
+from probserve.engine.wire import Caller
 from probserve.errors import APIError
 from tests.unit.fakes import char_vocabulary
 
@@ -15,6 +16,9 @@ INGRESS = IngressConfig(max_batch_prompts=3, max_n=2)
 def request(**fields):
     body = {"model": "m", "prompt": "abc", **fields}
     return parse_request(CompletionRequest, body, admission.rules(CAPS, INGRESS))
+
+
+CALLER = Caller("acme", 0)
 
 
 def admit(**fields):
@@ -61,7 +65,12 @@ def test_cap_is_named_in_the_message():
 
 
 def test_a_span_within_the_cap_is_admitted():
-    admit(prompt="abcabcabc", logprob_start_len=2, logprobs=1)
+    # 9 tokens, a cap of 8 scored: the span's 7 from position 2 on are scored and shown.
+    body = request(prompt="abcabcabc", logprob_start_len=2, logprobs=1)
+    admitted = admission.admit_completion(body, CAPS, INGRESS, VOCAB, CALLER)
+    assert admitted.scored_tokens == 7 <= CAPS.max_scored_tokens
+    (engine,) = admitted.engine_requests
+    assert (engine.prompt_token_ids, engine.prompt_logprobs, engine.prompt_rows_from) == ([0, 1, 2] * 3, 1, 2)
 
 
 def test_batches_of_each_kind():
@@ -82,7 +91,7 @@ def test_batches_of_each_kind():
 ])
 def test_engine_prompt_top_k_covers_every_use(fields, expected):
     body, (prompt,) = admit(**fields)
-    assert admission.engine_request(prompt, body, CAPS).prompt_logprobs == expected
+    assert admission.engine_request(prompt, body, CAPS, CALLER).prompt_logprobs == expected
 
 
 @pytest.mark.parametrize("fields, expected", [
@@ -94,14 +103,14 @@ def test_engine_prompt_top_k_covers_every_use(fields, expected):
 ])
 def test_the_first_shown_row_is_the_spans_start_unless_every_row_is_shown(fields, expected):
     body, (prompt,) = admit(prompt="abcabc", **fields)
-    assert admission.engine_request(prompt, body, CAPS).prompt_rows_from == expected
+    assert admission.engine_request(prompt, body, CAPS, CALLER).prompt_rows_from == expected
 
 
 def test_stop_becomes_a_list():
     body, (prompt,) = admit(stop="x")
-    assert admission.engine_request(prompt, body, CAPS).stop == ["x"]
+    assert admission.engine_request(prompt, body, CAPS, CALLER).stop == ["x"]
     body, (prompt,) = admit(stop=["", "y"])
-    assert admission.engine_request(prompt, body, CAPS).stop == ["y"]
+    assert admission.engine_request(prompt, body, CAPS, CALLER).stop == ["y"]
 
 
 def test_logit_bias_keys_are_token_ids():
@@ -126,14 +135,21 @@ def test_label_refusals(fields, param, code):
 
 def test_labels_turn_logprobs_on_where_they_are_reported():
     body, (prompt,) = admit(logprob_token_ids=[4, 1], echo=True)
-    engine = admission.engine_request(prompt, body, CAPS)
+    engine = admission.engine_request(prompt, body, CAPS, CALLER)
     assert (engine.logprobs, engine.prompt_logprobs, engine.logprob_token_ids) == (0, 0, [4, 1])
     body, (prompt,) = admit(logprob_token_ids=[4])
-    assert admission.engine_request(prompt, body, CAPS).prompt_logprobs is None
+    assert admission.engine_request(prompt, body, CAPS, CALLER).prompt_logprobs is None
 
 
 def test_max_tokens_omitted_fills_the_context():
     body, (prompt,) = admit(prompt="abc")
-    assert admission.engine_request(prompt, body, CAPS).max_tokens == CAPS.max_model_len - 3
+    assert admission.engine_request(prompt, body, CAPS, CALLER).max_tokens == CAPS.max_model_len - 3
     error = refusal(prompt="abc" * 11)  # 33 tokens: no room left in 32
     assert (error.param, error.code) == ("prompt", "context_length_exceeded")
+
+
+def test_every_engine_request_is_built_with_its_caller_s_tenant_and_priority():
+    caller = Caller("acme", 3)
+    body = request(prompt=["ab", "ba", "abc"], max_tokens=1)
+    admitted = admission.admit_completion(body, CAPS, INGRESS, VOCAB, caller)
+    assert [(r.tenant, r.priority) for r in admitted.engine_requests] == [("acme", 3)] * 3

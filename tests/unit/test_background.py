@@ -3,8 +3,8 @@ import asyncio
 from probserve.engine.background import BackgroundShare
 from probserve.engine.wire import EngineRequest
 
-ONLINE = EngineRequest(prompt_token_ids=[1, 2], max_tokens=1, temperature=0.0, top_p=1.0)
-BATCH = EngineRequest(prompt_token_ids=[1, 2], max_tokens=1, temperature=0.0, top_p=1.0, priority=1)
+REQUEST = {"prompt_token_ids": [1, 2], "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "tenant": "t"}
+ONLINE, BATCH = EngineRequest(**REQUEST, priority=0), EngineRequest(**REQUEST, priority=1)
 QUIET_S, QUIET_PLACES = 2.0, 8
 
 

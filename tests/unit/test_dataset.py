@@ -95,9 +95,12 @@ def test_finished_parts_are_the_whole_ones(tmp_path):
     assert dataset.finished_parts(LOCAL, str(tmp_path)) == {0, 3}
     assert dataset.finished_parts(LOCAL, str(tmp_path / "none")) == set()
 
+BACKGROUND = 2
+
 
 def admitted(document: dict, **asked):
-    return dataset.admit_document(document, ScoreOptions(model="m", **asked), CAPS, INGRESS, VOCAB)
+    return dataset.admit_document(document, ScoreOptions(model="m", **asked), CAPS, INGRESS, VOCAB,
+                                  BACKGROUND)
 
 
 def test_a_document_is_the_echo_request_of_the_online_api():
@@ -107,6 +110,11 @@ def test_a_document_is_the_echo_request_of_the_online_api():
     assert admitted({"text": [3, 2, 1]}).prompt_token_ids == [3, 2, 1]
     assert admitted({"text": "ab"}, labels=(0, 3)).logprob_token_ids == [0, 3]
     assert admitted({"text": "ab"}, full_vocab=True).prompt_logprobs == -1
+
+
+def test_a_document_is_the_run_s_tenant_s_at_the_background_priority():
+    request = admitted({"text": "ab"}, tenant="acme")
+    assert (request.tenant, request.priority) == ("acme", BACKGROUND)
 
 
 def test_chat_messages_are_rendered_whole_with_no_reply_begun():

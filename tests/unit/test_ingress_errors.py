@@ -118,7 +118,8 @@ class BreakingStream:
 
 
 MODEL = ModelConfig(name="tiny-llama")
-REQUEST = EngineRequest(prompt_token_ids=[1], max_tokens=1, temperature=0.0, top_p=1.0)
+REQUEST = EngineRequest(prompt_token_ids=[1], max_tokens=1, temperature=0.0, top_p=1.0, tenant="t",
+                        priority=0)
 QUEUE_FULL = BackPressureError(num_queued_requests=3, max_queued_requests=3)
 
 

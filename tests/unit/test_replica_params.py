@@ -13,7 +13,8 @@ from probserve.engine.wire import EngineRequest, QueueTimeout
 
 
 def request(**fields) -> EngineRequest:
-    return EngineRequest(prompt_token_ids=[1, 2, 3, 4], max_tokens=1, temperature=0.0, top_p=1.0, **fields)
+    return EngineRequest(prompt_token_ids=[1, 2, 3, 4], max_tokens=1, temperature=0.0, top_p=1.0,
+                         **{"tenant": "t", "priority": 0, **fields})
 
 
 def test_a_span_reads_the_cache_up_to_the_position_that_scores_its_first_token():

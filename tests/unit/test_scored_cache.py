@@ -14,7 +14,7 @@ BLOCK, TOP_K = 4, 3
 
 def request(prompt: list[int], k: int = 1, **fields) -> EngineRequest:
     return EngineRequest(prompt_token_ids=prompt, max_tokens=1, temperature=0.0, top_p=1.0,
-                         prompt_logprobs=k, **fields)
+                         prompt_logprobs=k, **{"tenant": "t", "priority": 0, **fields})
 
 
 def row(prompt: list[int], position: int, width: int) -> tuple[list[int], list[float], list[int]]:

@@ -18,7 +18,8 @@ from probserve.engine.windows import (
 from probserve.engine.wire import Completion, EngineRequest, EngineResult, PromptRows
 
 REQUEST = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=5, temperature=0.7, top_p=0.9,
-                        n=3, seed=4, stop=["x"], logprobs=2, prompt_logprobs=-1)
+                        n=3, seed=4, stop=["x"], logprobs=2, prompt_logprobs=-1, tenant="t",
+                        priority=0)
 
 
 @pytest.mark.parametrize("first, last, window, starts", [
@@ -65,7 +66,7 @@ def test_only_the_last_window_generates_what_was_asked():
 @pytest.mark.parametrize("length", [1, 2, 5])
 def test_a_prompt_within_one_window_is_one_request(length):
     request = EngineRequest(prompt_token_ids=list(range(length)), max_tokens=1, temperature=0.0, top_p=1.0,
-                            prompt_logprobs=-1)
+                            prompt_logprobs=-1, tenant="t", priority=0)
     (window,) = prompt_windows(request, 4, 4)
     assert window.prompt_token_ids == request.prompt_token_ids and window.cache_readable_tokens() == 0
 
@@ -98,7 +99,7 @@ def engine_rows(prompt: list[int], first: int, width: int) -> EngineResult:
 
 def test_joined_windows_return_the_rows_of_one_request():
     request = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=1, temperature=0.0, top_p=1.0,
-                            prompt_logprobs=2, priority=1)
+                            prompt_logprobs=2, tenant="t", priority=1)
     windows = prompt_windows(request, 4, 4)  # positions 1..4, 5..8, 9..10
     results = [engine_rows(w.prompt_token_ids, w.prompt_rows_from, 3) for w in windows]
     joined = joined_windows(windows, results)
@@ -111,7 +112,7 @@ def test_joined_windows_return_the_rows_of_one_request():
 
 def test_a_span_s_windows_keep_the_first_window_s_unshown_positions():
     request = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=1, temperature=0.0, top_p=1.0,
-                            prompt_logprobs=1, prompt_rows_from=6, priority=1)
+                            prompt_logprobs=1, prompt_rows_from=6, tenant="t", priority=1)
     windows = prompt_windows(request, 4, 4)  # positions 6..8, 9..10
     results = [engine_rows(w.prompt_token_ids, w.prompt_rows_from, 2) for w in windows]
     joined = joined_windows(windows, results)
@@ -121,7 +122,7 @@ def test_a_span_s_windows_keep_the_first_window_s_unshown_positions():
 
 def test_the_windows_left_go_as_one_request_that_reads_the_ones_computed():
     request = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=3, temperature=0.0, top_p=1.0,
-                            prompt_logprobs=2, priority=1)
+                            prompt_logprobs=2, tenant="t", priority=1)
     windows = prompt_windows(request, 4, 4)  # positions 1..4, 5..8, 9..10
     first, left = next_window(windows, whole=False)
     assert first == windows[0] and left == windows[1:]
