@@ -30,8 +30,10 @@ def engine_rows(positions: int, vocab: int) -> FullVocabRows:
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, (positions, vocab)).astype(np.float32)
     logprobs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
-    first = np.zeros(positions, np.int64)  # the prompt tokens' own values: unused by writers
-    return FullVocabRows(logprobs, first.astype(np.float32), first)
+    prompt = rng.integers(0, vocab, positions).astype(np.int32)
+    actual = logprobs[np.arange(positions), prompt]
+    ranks = (logprobs > actual[:, None]).sum(axis=1) + 1
+    return FullVocabRows(logprobs, prompt, actual, ranks)
 
 
 def per_entry(ranked: RankedRows, tokens: list[str]) -> bytes:

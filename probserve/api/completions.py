@@ -110,13 +110,14 @@ def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary) -
 
 
 def prompt_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: Vocabulary) -> dict:
+    """As vLLM builds it (vllm/logprobs.py, append_logprobs_for_next_position), and clients
+    written against vLLM read it: the prompt token first with its true rank, then the top k
+    by rank; a prompt token among them keeps the first place and takes the top-k's entry."""
     ids, logprobs, ranks = entries.top(position, k)
-    found = {str(t): {"logprob": finite(lp), "rank": r, "decoded_token": vocab.token(t)}
-             for t, lp, r in zip(ids.tolist(), logprobs.tolist(), ranks.tolist())}
     token_id, logprob, rank = entries.actual(position)
-    found.setdefault(str(token_id), {"logprob": finite(logprob), "rank": rank,
-                                     "decoded_token": vocab.token(token_id)})
-    return found
+    return {str(t): {"logprob": finite(lp), "rank": r, "decoded_token": vocab.token(t)}
+            for t, lp, r in zip([token_id, *ids.tolist()], [logprob, *logprobs.tolist()],
+                                [rank, *ranks.tolist()], strict=True)}
 
 
 def choice(index: int, prompt: PromptInput, pieces: Pieces | None, result: EngineResult,

@@ -1,11 +1,12 @@
 """The full-vocabulary path (`prompt_logprobs: -1`): whole distributions as arrays, written
 to JSON a position at a time without a Python object per entry.
 
-A position's JSON is `{"<id>": {"logprob": <lp>, "rank": <r>, "decoded_token": "<text>"}, ...}`
-in rank order. Everything but the logprob text depends only on the token or the rank, so it is
-prepared once per model as byte tables; each row is sorted (the engine returns it in token-id
-order), orjson writes its logprobs' text, and a compiled loop (numba) copies each entry's four
-pieces into the output.
+A position's JSON is `{"<id>": {"logprob": <lp>, "rank": <r>, "decoded_token": "<text>"},
+...}`: the prompt token's entry first, then the others in rank order, as vLLM orders it.
+Everything but the logprob text depends only on the token or the rank, so it is prepared once
+per model as byte tables; each row is sorted (the engine returns it in token-id order),
+orjson writes its logprobs' text, and a compiled loop (numba) copies each entry's four pieces
+into the output.
 """
 
 import numba
@@ -69,39 +70,51 @@ def copy_piece(out, at, source, start, length):
     return at + length
 
 
+@numba.njit(inline="always")
+def write_entry(out, at, j, token_ids, texts, text_starts, text_lengths, buffer, tables):
+    """Entry j of a row by rank: before[token], the logprob's text, rank[j], after[token]."""
+    before_starts, before_lengths, rank_starts, rank_lengths, after_starts, after_lengths = tables
+    token = token_ids[j]
+    at = copy_piece(out, at, buffer, before_starts[token], before_lengths[token])
+    at = copy_piece(out, at, texts, text_starts[j], text_lengths[j])
+    at = copy_piece(out, at, buffer, rank_starts[j], rank_lengths[j])
+    return copy_piece(out, at, buffer, after_starts[token], after_lengths[token])
+
+
 @numba.njit(nogil=True, cache=True)
-def write_position(out, at, token_ids, texts, text_starts, text_lengths, buffer, before_starts,
-                   before_lengths, rank_starts, rank_lengths, after_starts, after_lengths):
-    """`,{entries}` at out[at:]; returns the end. Entry j: before[token], the logprob's
-    text, rank[j], after[token]."""
+def write_position(out, at, first, token_ids, texts, text_starts, text_lengths, buffer, tables):
+    """`,{entries}` at out[at:], entry `first` (the prompt token's) then the others by rank;
+    returns the end. `tables`: EntryFragments.tables."""
     out[at] = COMMA
     out[at + 1] = OPEN
-    at += 2
+    at = write_entry(out, at + 2, first, token_ids, texts, text_starts, text_lengths, buffer, tables)
     for j in range(token_ids.shape[0]):
-        token = token_ids[j]
-        at = copy_piece(out, at, buffer, before_starts[token], before_lengths[token])
-        at = copy_piece(out, at, texts, text_starts[j], text_lengths[j])
-        at = copy_piece(out, at, buffer, rank_starts[j], rank_lengths[j])
-        at = copy_piece(out, at, buffer, after_starts[token], after_lengths[token])
+        if j != first:
+            at = write_entry(out, at, j, token_ids, texts, text_starts, text_lengths, buffer, tables)
     out[at - 1] = CLOSE  # the last entry's "," closes the object instead
     return at
 
 
 def positions_json(ranked: RankedRows, fragments: EntryFragments) -> np.ndarray:
-    """`,{...},{...}` (uint8): rows of token ids by rank and their logprobs."""
+    """`,{...},{...}` (uint8): rows of token ids by rank and their logprobs, each row's prompt
+    token first."""
     texts = [logprob_texts(row) for row in ranked.logprobs]
+    firsts = (ranked.token_ids == ranked.actual_token_ids[:, None]).argmax(axis=1)
     # Each row names each token and each rank at most once: the tables bound its size.
     out = np.empty(sum(2 + len(fragments.buffer) + len(text) for text, _, _ in texts), np.uint8)
     at = 0
-    for row, (text, starts, lengths) in zip(ranked.token_ids, texts):
-        at = write_position(out, at, row, text, starts, lengths, fragments.buffer, *fragments.tables)
+    for row, first, (text, starts, lengths) in zip(ranked.token_ids, firsts, texts, strict=True):
+        at = write_position(out, at, first, row, text, starts, lengths, fragments.buffer, fragments.tables)
     return out[:at]
 
 
-def position_json(logprobs: np.ndarray, fragments: EntryFragments) -> bytes:
-    """One position's `{...}` in rank order, from its logprobs in token-id order."""
-    return chunk_json(FullVocabRows(logprobs[None], logprobs[:1], np.ones(1, np.int64)),
-                      fragments)[1:].tobytes()
+def position_json(logprobs: np.ndarray, token_id: int, fragments: EntryFragments) -> bytes:
+    """One position's `{...}`, from its logprobs in token-id order, for the prompt token
+    `token_id`."""
+    rank = int((logprobs > logprobs[token_id]).sum()) + 1
+    row = FullVocabRows(logprobs[None], np.array([token_id], np.int32), logprobs[[token_id]],
+                        np.array([rank], np.int64))
+    return chunk_json(row, fragments)[1:].tobytes()
 
 
 def chunk_json(rows: FullVocabRows, fragments: EntryFragments) -> np.ndarray:

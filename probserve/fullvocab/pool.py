@@ -36,7 +36,7 @@ class SerializerPool:
         # The JSON writer is compiled (numba) on first use, or loaded from PROBSERVE_HOME's
         # cache: pay it before serving.
         fragments = next(iter(self.fragments.values()))
-        position_json(np.zeros(fragments.vocab_size, np.float32), fragments)
+        position_json(np.zeros(fragments.vocab_size, np.float32), 0, fragments)
 
     async def write(self, model: str, piece: RowsPiece, gzip: bool):
         """The JSON of one piece's positions (`,{...},{...}`), deflated when `gzip`."""

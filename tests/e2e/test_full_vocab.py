@@ -3,7 +3,6 @@
 import gzip
 import io
 import random
-import time
 
 import httpx
 import numpy as np
@@ -24,10 +23,14 @@ from tests.e2e.conftest import (
     KV_BLOCKS,
     MODEL,
 )
+from tests.e2e.inspected_replica import PROMPT_KEPT
 from tests.e2e.reference import TOLERANCE, assert_rank
 from tests.e2e.test_prefix_reuse import cache_reads, reads_after
+from tests.e2e.waiting import poll_until
 
 TEXT = "The capital of France is"
+PAUSED_LIMIT_S = 60
+UNREAD_S = 2  # how long an unread stream must stay unfinished: far longer than it takes to end
 
 
 def full_vocab(http, prompt, encoding="gzip", **fields):
@@ -55,7 +58,7 @@ def test_every_position_is_the_whole_distribution(http, reference):
         ranks = [e["rank"] for e in entries.values()]
         assert sorted(token_ids.tolist()) == list(range(rows.shape[1]))
         np.testing.assert_allclose(logprobs, rows[p][token_ids], atol=TOLERANCE)
-        assert ranks == list(range(1, len(ranks) + 1))
+        assert sorted(ranks) == list(range(1, len(ranks) + 1))  # in vLLM's order: test_logprobs_order
         assert_rank(rows[p], ids[p], entries[str(ids[p])]["rank"])
         assert entries[str(ids[p])]["decoded_token"] == reference.tokenizer.decode([ids[p]])
 
@@ -208,15 +211,24 @@ def test_a_replica_computes_a_bounded_run_of_windows_ahead_of_its_caller():
     object store. The model's router sends it with Ray's generator backpressure
     (probserve.front.replica_router): the replica pauses with two windows' items untaken."""
     replica = serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
-    tokens = EngineRequest(prompt_token_ids=list(range(5, 15)), max_tokens=40, temperature=0.0, top_p=1.0)
+    tokens = EngineRequest(prompt_token_ids=list(range(5, 15)), max_tokens=40, temperature=0.0, top_p=1.0,
+                           tenant="t", priority=0)
     unread_tokens = replica.options(stream=True).generate_stream.remote(tokens)._to_object_ref_gen_sync()
-    rows = EngineRequest(prompt_token_ids=list(range(5, 5 + FULL_VOCAB_MAX)), max_tokens=1,
-                         temperature=0.0, top_p=1.0, prompt_logprobs=-1)
+    prompt = list(range(600, 600 + FULL_VOCAB_MAX))  # no other test's: its windows are this one's
+    rows = EngineRequest(prompt_token_ids=prompt, max_tokens=1, temperature=0.0, top_p=1.0,
+                         prompt_logprobs=-1, tenant="t", priority=0)
     call = replica.options(stream=True, _by_reference=True).generate_full_vocab.remote(rows)
     unread_rows = call._to_object_ref_gen_sync()
-    time.sleep(5)  # the whole prompt takes well under a second here
-    assert ray.wait([unread_tokens.completed()], timeout=0)[0], "the token stream stopped unread"
-    assert not ray.wait([unread_rows.completed()], timeout=0)[0], "every window was computed unread"
+    assert ray.wait([unread_tokens.completed()], timeout=PAUSED_LIMIT_S)[0], "the token stream stopped unread"
+
+    def paused() -> bool:  # its run ahead computed, nothing left in the engine
+        windows_computed = len(replica.cache_reads.remote(prompt[:PROMPT_KEPT]).result())
+        return windows_computed >= RUN_AHEAD and replica.unfinished_requests.remote().result() == 0
+
+    poll_until(paused, PAUSED_LIMIT_S, "the replica's run of windows ahead")
+    # Left unread, the rows' stream waits for its caller instead of ending (without the
+    # backpressure, the rest of it took milliseconds).
+    assert not ray.wait([unread_rows.completed()], timeout=UNREAD_S)[0], "every window was computed unread"
     items = [ray.get(ref) for ref in unread_rows]
     windows = window_starts(1, FULL_VOCAB_MAX - 1, FULL_VOCAB_WINDOW, FULL_VOCAB_WINDOW)
     assert sum(isinstance(item, EngineResult) for item in items) == len(windows) > RUN_AHEAD

@@ -45,8 +45,8 @@ def full_vocab_rows(distributions: np.ndarray, prompt_token_ids: list[int]) -> F
     actual = np.asarray(prompt_token_ids[1:], np.int64)
     actual_logprobs = distributions[np.arange(len(distributions)), actual]
     ranks = (distributions > actual_logprobs[:, None]).sum(axis=1) + 1
-    return FullVocabRows(distributions.astype(np.float32), actual_logprobs.astype(np.float32),
-                         ranks.astype(np.int64))
+    return FullVocabRows(distributions.astype(np.float32), actual.astype(np.int32),
+                         actual_logprobs.astype(np.float32), ranks.astype(np.int64))
 
 
 def full_vocab_parts(distributions: np.ndarray, prompt_token_ids: list[int], k: int,

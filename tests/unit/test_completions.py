@@ -7,7 +7,7 @@ from probserve.engine.wire import Completion, EngineResult
 from probserve.fullvocab.json_rows import EntryFragments
 from probserve.fullvocab.response import json_parts
 from tests.unit.fakes import full_vocab_parts, in_windows, positions, streamed
-from tests.unit.test_admission import CAPS, VOCAB, admit
+from tests.unit.test_admission import CALLER, CAPS, VOCAB, admit
 from tests.unit.test_relay import relayed
 
 PROMPT_ENTRIES = positions(
@@ -68,14 +68,18 @@ def test_span_scoring_returns_the_span_only():
     assert logprobs["top_logprobs"] is None
 
 
-def test_prompt_logprobs_top_k_with_the_actual_token_appended():
-    prompt_logprobs = shape(prompt_logprobs=1)["choices"][0]["prompt_logprobs"]
+def test_prompt_logprobs_give_the_prompt_token_first_then_the_top_k_as_vllm_orders_them():
+    prompt_logprobs = shape(prompt_logprobs=2)["choices"][0]["prompt_logprobs"]
     assert prompt_logprobs[0] is None
-    assert prompt_logprobs[1] == {
-        "7": {"logprob": -0.5, "rank": 1, "decoded_token": "x"},
-        "1": {"logprob": -2.0, "rank": 3, "decoded_token": "b"},
-    }
-    assert prompt_logprobs[2] == {"2": {"logprob": -0.25, "rank": 1, "decoded_token": "c"}}
+    assert list(prompt_logprobs[1].items()) == [
+        ("1", {"logprob": -2.0, "rank": 3, "decoded_token": "b"}),  # outside the top 2
+        ("7", {"logprob": -0.5, "rank": 1, "decoded_token": "x"}),
+        ("8", {"logprob": -1.0, "rank": 2, "decoded_token": "y"}),
+    ]
+    assert list(prompt_logprobs[2].items()) == [  # the top token keeps the first place, once
+        ("2", {"logprob": -0.25, "rank": 1, "decoded_token": "c"}),
+        ("0", {"logprob": -9999.0, "rank": 2, "decoded_token": "a"}),
+    ]
 
 
 def test_minus_infinity_becomes_minus_9999():
@@ -134,7 +138,7 @@ def test_full_vocab_arrays_are_streamed_into_the_body():
 @pytest.mark.parametrize("temperature", [0, 1e-6])
 def test_greedy_choices_are_generated_once(temperature):
     body, (prompt,) = admit(n=2, temperature=temperature)
-    assert admission.engine_request(prompt, body, CAPS).n == 1
+    assert admission.engine_request(prompt, body, CAPS, CALLER).n == 1
     response = completions.completion_response("m", [prompt], [RESULT], body, VOCAB)
     assert [c["index"] for c in response["choices"]] == [0, 1]
     assert response["usage"]["completion_tokens"] == 4

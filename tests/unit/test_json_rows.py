@@ -23,12 +23,19 @@ def naive(token_ids, logprobs) -> dict:
             for r, (t, lp) in enumerate(zip(token_ids.tolist(), logprobs.tolist()))}
 
 
-def test_a_position_is_the_json_of_its_entries_in_rank_order():
+def vllm_order(ranked_ids: list[int], prompt_token: int) -> list[str]:
+    """vLLM's keys: the prompt token, then the others by rank."""
+    return [str(t) for t in [prompt_token, *(t for t in ranked_ids if t != prompt_token)]]
+
+
+@pytest.mark.parametrize("prompt_token", [0, 4, 7])
+def test_a_position_is_the_json_of_its_entries_the_prompt_token_first_then_by_rank(prompt_token):
     rows = rows_of(0, 1)
-    parsed = orjson.loads(position_json(rows.logprobs[0], EntryFragments(TOKENS)))
+    parsed = orjson.loads(position_json(rows.logprobs[0], prompt_token, EntryFragments(TOKENS)))
     ranked = rows.ranked()
     expected = naive(ranked.token_ids[0], ranked.logprobs[0])
-    assert list(parsed) == list(expected)
+    assert list(parsed) == vllm_order(ranked.token_ids[0].tolist(), prompt_token)
+    assert parsed.keys() == expected.keys()
     for key, entry in expected.items():
         assert parsed[key]["rank"] == entry["rank"]
         assert parsed[key]["decoded_token"] == entry["decoded_token"]
@@ -37,17 +44,21 @@ def test_a_position_is_the_json_of_its_entries_in_rank_order():
 
 def test_minus_infinity_is_written_as_minus_9999():
     logprobs = np.array([0.0] + [-np.inf] * (len(TOKENS) - 1), np.float32)
-    parsed = orjson.loads(position_json(logprobs, EntryFragments(TOKENS)))
+    parsed = orjson.loads(position_json(logprobs, 0, EntryFragments(TOKENS)))
     assert parsed["7"]["logprob"] == -9999.0
 
 
 def test_chunks_follow_null_in_the_prompt_logprobs_array():
-    rows = rows_of(1, 5)
+    prompt = [1, 0, 3, 6, 2, 5]
+    rows = full_vocab_rows(distributions(1, 5), prompt)
     fragments = EntryFragments(TOKENS)
     chunks = [chunk_json(rows.positions(start, start + 2), fragments) for start in (0, 2, 4)]
     parsed = orjson.loads(b"[null" + b"".join(chunks) + b"]")
     assert parsed[0] is None and len(parsed) == 6
-    assert [int(k) for k in parsed[3]] == np.argsort(-rows.logprobs[2]).tolist()
+    for position, token in enumerate(prompt[1:], start=1):
+        by_rank = np.argsort(-rows.logprobs[position - 1]).tolist()
+        assert list(parsed[position]) == vllm_order(by_rank, token)
+        assert parsed[position][str(token)]["rank"] == by_rank.index(token) + 1
     assert [parsed[3][str(t)]["logprob"] for t in range(len(TOKENS))] == pytest.approx(
         rows.logprobs[2].tolist(), rel=1e-6)
 
