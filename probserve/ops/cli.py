@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from probserve.ops import local_ray
+from probserve.ops import local_ray, processes, supervisor
 from probserve.store.model_store import BUILDERS, prepare
 from probserve.tenants import keyring
 from probserve.tenants.keyring import KeyFile
@@ -70,34 +70,55 @@ def command_keys_revoke(options: argparse.Namespace) -> None:
 
 def command_serve(options: argparse.Namespace) -> None:
     args, http, proxy_location = serve_config(options.config)
+    host = options.host or http.get("host", "127.0.0.1")
+    port = options.port or http.get("port", 8000)
+    if options.driver:
+        serve_here(args, host, port, options.metrics_port, proxy_location)
+        return
     key_file = (args.get("tenancy") or {}).get("key_file")
     print(f"API keys: from {key_file}" if key_file else
           "API keys: none configured, every request is served without a key (tenancy.key_file "
           "in the Serve config turns keys on)", flush=True)
-    host = options.host or http.get("host", "127.0.0.1")
-    port = options.port or http.get("port", 8000)
+    if options.address:
+        deploy_on_cluster(args, host, port, options.address, proxy_location)
+        return
+    driver = [sys.executable, "-m", "probserve.ops.cli", "serve", "--config", str(options.config),
+              "--host", host, "--port", str(port), "--metrics-port", str(options.metrics_port), "--driver"]
+    ports = {"HTTP": port, "Ray's metrics": options.metrics_port}
+    if local_ray.ray_environment()[local_ray.HAPROXY] == "1":
+        ports.update(processes.haproxy_ports())
+    sys.exit(supervisor.supervise(driver, ports))
+
+
+def deploy_on_cluster(args: dict, host: str, port: int, address: str, proxy_location: str) -> None:
     started = time.monotonic()
     try:
-        url = local_ray.start(args, host=host, port=port, metrics_port=options.metrics_port,
-                          address=options.address, proxy_location=proxy_location)
+        url = local_ray.start(args, host=host, port=port, address=address, proxy_location=proxy_location)
     except ConnectionError as error:
-        if not options.address:
-            raise
-        raise SystemExit(f"cannot join the Ray cluster at {options.address}: {error}. A cluster with "
+        raise SystemExit(f"cannot join the Ray cluster at {address}: {error}. A cluster with "
                          "Ray's token authentication needs RAY_AUTH_MODE=token and its token "
                          "(RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) in this command's environment") from None
-    ready = f"ready in {time.monotonic() - started:.0f} s"
-    if options.address:
-        print(f"probserve is deployed on the Ray cluster at {options.address} and serving at {url} "
-              f"({ready}); it stays there after this command ends", flush=True)
-        return
-    print(f"probserve is serving at {url} ({ready}), metrics at "
-          f"http://{host}:{options.metrics_port}/metrics; Ctrl-C stops it", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    print(f"probserve is deployed on the Ray cluster at {address} and serving at {url} (ready in "
+          f"{time.monotonic() - started:.0f} s); it stays there after this command ends", flush=True)
+
+
+def serve_here(args: dict, host: str, port: int, metrics_port: int, proxy_location: str) -> None:
+    """The Ray driver under `probserve serve`'s supervisor (probserve.ops.supervisor): Ray on
+    this machine and the application, until SIGTERM or Ctrl-C, then Serve and Ray stopped."""
+    supervisor.exit_on_sigterm()
+    started = time.monotonic()
     try:
+        url = local_ray.start(args, host=host, port=port, metrics_port=metrics_port,
+                              proxy_location=proxy_location)
+        print(f"probserve is serving at {url} (ready in {time.monotonic() - started:.0f} s), metrics at "
+              f"http://{host}:{metrics_port}/metrics; Ctrl-C stops it", flush=True)
         while True:
             time.sleep(3600)
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for stop_signal in (signal.SIGINT, signal.SIGTERM):  # a second one cuts nothing short
+            signal.signal(stop_signal, signal.SIG_IGN)
         local_ray.stop()
 
 
@@ -168,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, default=local_ray.METRICS_PORT,
                        help="Ray's metrics export port, where Prometheus scrapes every process's "
                             "metrics (default %(default)s; a cluster joined with --address has its own)")
+    # The supervisor starts the command again as its Ray driver (probserve.ops.supervisor).
+    serve.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=command_serve)
 
     score_arguments(commands.add_parser("score", help="score a dataset on Ray Data into Parquet, "

@@ -2,6 +2,7 @@
 
 import math
 import os
+import signal
 import time
 from collections import defaultdict
 
@@ -109,9 +110,14 @@ def start_local_ray(cpus: int, resources: dict[str, int], log_to_driver: bool = 
 
     home = apply_cache_environment()
     keep_ray_token_at_home(home)
+    # ray.init installs a SIGTERM handler in this process that ends it at once: the caller's
+    # (probserve serve's stop, which ends every process of the tree) is put back.
+    caller_s = signal.getsignal(signal.SIGTERM)
     ray.init(num_cpus=cpus, resources=resources, include_dashboard=False,
              _temp_dir=str(home / "ray"), configure_logging=False, log_to_driver=log_to_driver,
              _metrics_export_port=metrics_port)
+    if caller_s is not None:  # None: not a handler of Python's, so none to put back
+        signal.signal(signal.SIGTERM, caller_s)
 
 
 def proxy_host(host: str, address: str | None) -> str:
