@@ -108,31 +108,40 @@ def haproxy_ports() -> dict[str, int]:
             for variable, (what, default) in HAPROXY_PORTS.items()}
 
 
-def leftovers(haproxy_folder: Path) -> list[psutil.Process]:
-    """The HAProxies of Ray Serve whose command was cut short: their configuration lies in
-    the HAProxy folder, and no Ray worker holds them any more (a running service's HAProxy is
-    the child of its proxy actor, `ray::...`)."""
+def leftovers(haproxy_folder: Path) -> list[tuple[str, psutil.Process]]:
+    """What a probserve cut short left, (what, process) each: each HAProxy of Ray Serve (its
+    configuration in the HAProxy folder) that no running Ray node holds, and the proxy actor
+    that started it if that outlived its raylet (it would start the HAProxy again). A running
+    service's HAProxy is the child of a proxy actor (`ray::...`) whose parent is a raylet."""
     found = []
-    for process in psutil.process_iter(["cmdline"]):
+    for haproxy in psutil.process_iter(["cmdline"]):
         try:
-            if any(str(haproxy_folder) in part for part in process.info["cmdline"] or []) \
-                    and not held_by_ray(process):
-                found.append(process)
+            if not any(str(haproxy_folder) in part for part in haproxy.info["cmdline"] or []):
+                continue
+            actor = haproxy.parent()
+            if actor is not None and actor.name().startswith("ray::"):
+                if name_of(actor.parent()) == "raylet":
+                    continue
+                found.append((f"its proxy actor, {actor.name()},", actor))
+            found.append(("an HAProxy", haproxy))
         except psutil.Error:
             continue
     return found
 
 
-def held_by_ray(process: psutil.Process) -> bool:
-    parent = process.parent()
-    return parent is not None and parent.name().startswith("ray::")
+def name_of(process: psutil.Process | None) -> str:
+    try:
+        return process.name() if process is not None else ""
+    except psutil.Error:
+        return ""
 
 
 def clear_leftovers(haproxy_folder: Path) -> list[str]:
     """Ends what a probserve that did not stop left; says what it ended."""
     found = leftovers(haproxy_folder)
-    end_all(found, grace_s=5)
-    return [f"ended an HAProxy (pid {p.pid}) left by a probserve that did not stop" for p in found]
+    end_all([process for _, process in found], grace_s=5)
+    return [f"ended {what} (pid {process.pid}) left by a probserve that did not stop"
+            for what, process in found]
 
 
 def check_ports(ports: dict[str, int]) -> None:

@@ -2,8 +2,8 @@
 SIGTERM to the command alone (as Kubernetes sends it to a container's first process), SIGTERM
 to its process group, Ctrl-C (SIGINT to the group, as a terminal sends it). Every process it
 started (Ray's, vLLM's engines, HAProxy) has ended within the grace period the docs state and
-its ports are free. A start after a stop cut short (SIGKILL) ends the HAProxy the last one
-left, and one whose port another process holds says which.
+its ports are free. A start after a stop cut short (SIGKILL to every process but HAProxy) ends
+the HAProxy the last one left, and one whose port another process holds says which.
 
 Each service is a `probserve serve` of its own, on a Ray cluster of its own, beside the
 session's."""
@@ -107,22 +107,43 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def test_every_way_of_stopping_ends_every_process_the_service_started(config, tmp_path):
+@pytest.fixture
+def launch(config, tmp_path):
+    """Starts services; any a failed test leaves running are killed, their leftovers ended."""
+    launched = []
+
+    def start() -> Service:
+        launched.append(Service(config, tmp_path))
+        return launched[-1]
+    yield start
+    for service in launched:
+        if service.process.poll() is None:
+            service.signal_group(signal.SIGKILL)
+        for process in getattr(service, "tree", []):  # its tree, known once it served
+            if alive(process):
+                process.kill()
+
+
+def test_every_way_of_stopping_ends_every_process_the_service_started(launch):
     """Two services at a time, each on a Ray cluster of its own (four engine starts one after
-    another would double the time): one stopped by SIGTERM to the command alone while the other
-    is cut short by SIGKILL to its whole group, which leaves its HAProxy listening; then a start
-    that ends that HAProxy, stopped by Ctrl-C, beside one stopped by SIGTERM to its group."""
-    alone, cut_short = Service(config, tmp_path), Service(config, tmp_path)
+    another would double the time): one stopped by SIGTERM to the command alone while the
+    other is cut short, every process of it killed but its HAProxy, as nothing then ends an
+    HAProxy (the raylet's SIGKILL left one listening in most stops); then a start that ends
+    that HAProxy, stopped by Ctrl-C, beside one stopped by SIGTERM to its group."""
+    alone, cut_short = launch(), launch()
     alone.serving(), cut_short.serving()
     haproxy = cut_short.haproxy()
     alone.signal_alone(signal.SIGTERM)
-    cut_short.signal_group(signal.SIGKILL)  # the command, its Ray driver and Ray's node processes
+    for process in [psutil.Process(cut_short.process.pid), *cut_short.tree]:
+        if process.pid != haproxy.pid:
+            process.kill()
     alone.assert_nothing_left("SIGTERM to the command alone")
-    restarted, group = Service(config, tmp_path), Service(config, tmp_path)
+    assert alive(haproxy) and not port_is_free(cut_short.port)  # what the next start must clear
+    restarted, group = launch(), launch()
     restarted.serving(), group.serving()
     ended = f"ended an HAProxy (pid {haproxy.pid}) left by a probserve that did not stop"
     assert ended in restarted.output() + group.output()  # whichever started first ended it
-    assert not cut_short.left(), f"SIGKILL, then a start: left behind {cut_short.left()}"
+    assert not cut_short.left(), f"cut short, then a start: left behind {cut_short.left()}"
     restarted.signal_group(signal.SIGINT)  # Ctrl-C in the terminal it runs in
     group.signal_group(signal.SIGTERM)
     restarted.assert_nothing_left("Ctrl-C")

@@ -56,7 +56,8 @@ def test_a_subreaper_inherits_its_orphans_and_collects_them():
 def test_a_leftover_haproxy_of_this_home_is_found_and_ended(tmp_path):
     leftover, other = started(str(tmp_path / "haproxy" / "node" / "haproxy.cfg")), started("elsewhere")
     try:
-        assert [p.pid for p in processes.leftovers(tmp_path / "haproxy")] == [leftover.pid]
+        assert [(what, p.pid) for what, p in processes.leftovers(tmp_path / "haproxy")] == [
+            ("an HAProxy", leftover.pid)]
         (cleared,) = processes.clear_leftovers(tmp_path / "haproxy")
         assert f"pid {leftover.pid}" in cleared
         assert not psutil.pid_exists(leftover.pid) and other.poll() is None
