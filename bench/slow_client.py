@@ -7,6 +7,9 @@ Python proxy), probserve on the embedded SmolLM2 is started, and every second of
 reports the bytes the client has read, the serializer pool's CPU seconds so far (does the pool
 write at the client's pace, or ahead of it?) and the resident memory of the front, the ingress
 and the whole service. Small requests' latency during the read is against the same before it.
+Then a client that leaves such a body after its first bytes: the pool's CPU seconds in the
+few seconds after (a pool that went on writing the body would spend seconds of both workers),
+and the service's resident memory then against before.
 
     .venv/bin/python bench/slow_client.py                          # both fronts, 1 MB/s
     .venv/bin/python bench/slow_client.py --fronts haproxy --rate-mb 0.5 --ids 128
@@ -79,6 +82,24 @@ async def slow_read(client: httpx.AsyncClient, ids: int, rate: float, samples: l
     return time.perf_counter() - started
 
 
+async def left_early(client: httpx.AsyncClient, ids: int, seconds: float = 3.0) -> tuple[float, float]:
+    """A client that leaves a full-vocabulary body (ids of its own, not cached) after its
+    first bytes: the pool's CPU seconds in the `seconds` after, and the service's resident MB
+    then less before."""
+    body = {"model": SMOLLM2, "prompt": list(range(4000, 4000 + ids)), "max_tokens": 1,
+            "prompt_logprobs": -1}
+    before = by_role()
+    async with client.stream("POST", "/v1/completions", json=body,
+                             headers={"accept-encoding": "identity"}) as response:
+        assert response.status_code == 200
+        await anext(response.aiter_raw())
+    left = by_role()
+    await asyncio.sleep(seconds)
+    after = by_role()
+    pool = after.get("SerializerPool", (0.0, 0.0))[0] - left.get("SerializerPool", (0.0, 0.0))[0]
+    return pool, sum(rss for _, rss in after.values()) - sum(rss for _, rss in before.values())
+
+
 def report(front: str, samples: list, before: list[float], during: list[float]) -> None:
     start_cpu = samples[0][2].get("SerializerPool", (0.0, 0.0))[0]
     (before_p50, before_p99), (during_p50, during_p99) = median_and_p99(before), median_and_p99(during)
@@ -94,7 +115,7 @@ def report(front: str, samples: list, before: list[float], during: list[float]) 
               f"{roles.get('Ingress', (0.0, 0.0))[1]:.0f} | {sum(rss for _, rss in roles.values()):.0f} |")
 
 
-async def measure(url: str, ids: int, rate: float) -> tuple[list, list[float], list[float]]:
+async def measure(url: str, ids: int, rate: float) -> tuple[list, list[float], list[float], tuple]:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await small_latencies(client, 3)  # warm-up
         before = await small_latencies(client, 10)
@@ -102,7 +123,7 @@ async def measure(url: str, ids: int, rate: float) -> tuple[list, list[float], l
         reading = asyncio.create_task(slow_read(client, ids, rate, samples))
         during = await small_latencies(client, 20)
         await reading
-        return samples, before, during
+        return samples, before, during, await left_early(client, ids)
 
 
 def main() -> None:
@@ -115,7 +136,11 @@ def main() -> None:
     for front in options.fronts:
         os.environ[local_ray.HAPROXY] = FRONTS[front]
         with probserve_serving(options.config) as url:
-            report(front, *asyncio.run(measure(url, options.ids, options.rate_mb * MB)))
+            samples, before, during, (pool_cpu, memory) = asyncio.run(
+                measure(url, options.ids, options.rate_mb * MB))
+        report(front, samples, before, during)
+        print(f"{front}: a client that left after the first bytes: pool CPU {pool_cpu:.2f} s in "
+              f"the 3 s after, service memory {memory:+.0f} MB")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,23 @@ def assert_rank(row: np.ndarray, token_id: int, rank: int) -> None:
     assert low <= rank <= high, f"token {token_id}: rank {rank}, reference {low}..{high}"
 
 
+def assert_top_texts(top: dict[str, float], tokenizer, row: np.ndarray, k: int,
+                     token_id: int | None) -> None:
+    """`top` ({text: logprob}, as `top_logprobs` keys a position) is the top k of `row` plus
+    `token_id` (None: the top k alone), each value bound to its text. Texts can collide (byte
+    tokens all decode to U+FFFD): such a text holds the value of one of its tokens."""
+    order = np.argsort(-row)
+    if k:  # else the top k is not one set of tokens, and the prompt must change
+        assert row[order[k - 1]] - row[order[k]] > TOLERANCE, f"a near tie at place {k}"
+    shown = [*order[:k], *([] if token_id is None else [token_id])]
+    expected: dict[str, list[float]] = {}
+    for shown_id in shown:
+        expected.setdefault(tokenizer.decode([int(shown_id)]), []).append(float(row[shown_id]))
+    assert top.keys() == expected.keys(), (sorted(top), sorted(expected))
+    for text, value in top.items():
+        assert np.isclose(value, expected[text], atol=TOLERANCE).any(), (text, value, expected[text])
+
+
 def assert_top_k(row: np.ndarray, token_ids: list[int], logprobs: list[float], k: int) -> None:
     """`token_ids` are a top-k of `row`, in order, with the reference's logprobs."""
     assert len(token_ids) == k

@@ -3,6 +3,9 @@
 out (ids, timestamps, long lists)."""
 
 import re
+from decimal import Decimal
+
+from tests.e2e.reference import TOLERANCE
 
 NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 PIECES = re.compile(rf"(\.\.\.|{NUMBER}|\s+)")
@@ -24,13 +27,18 @@ def shown_pattern(shown: str) -> tuple[re.Pattern, list[str]]:
     return re.compile("".join(regex), re.DOTALL), numbers
 
 
+def half_unit(number: str) -> float:
+    """Half a unit of the number's last digit: how far rounding to it moves a value."""
+    return 0.5 * 10.0 ** Decimal(number).as_tuple().exponent
+
+
 def same_number(shown: str, printed: str) -> bool:
-    """Equal to the shown number's last digit: a shown -0.258 is any of -0.2575..-0.2585 and
-    the float noise beside it; a shown integer is that integer."""
+    """Equal to the digits shown: a shown -0.258 is any of -0.2575..-0.2585 and the float
+    noise beside it (TOLERANCE), and a printed number rounded in turn may be half its own last
+    digit off; a shown integer is that integer."""
     if re.fullmatch(r"-?\d+", shown):
         return shown == printed
-    decimals = len(shown.split(".")[1].split("e")[0]) if "." in shown else 0
-    return abs(float(shown) - float(printed)) <= 10 ** -decimals
+    return abs(float(shown) - float(printed)) <= half_unit(shown) + half_unit(printed) + TOLERANCE
 
 
 def mismatch(shown: str, printed: str) -> str | None:

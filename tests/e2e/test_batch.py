@@ -17,8 +17,16 @@ import pytest
 from probserve.ops.chaos import kill_one
 from probserve.ops.local_ray import APP_NAME
 from probserve.store.model_store import SMOLLM2
-from tests.e2e.conftest import BATCH_MAX_FILE_BYTES, MAX_LOGPROBS, MODEL, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import (
+    BATCH_MAX_FILE_BYTES,
+    CONFIG,
+    MAX_LOGPROBS,
+    MODEL,
+    SMALL_QUEUE,
+    SMALL_QUEUE_MODEL,
+)
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.same_answer import assert_same_choice, assert_same_choices
 from tests.e2e.test_faults import engine_core, wait_until_healthy
 from tests.e2e.test_online_first import BACKGROUND, requests_by_priority
 
@@ -64,22 +72,6 @@ def results(client, file_id: str | None) -> dict[str, dict]:
     return by_id
 
 
-def assert_same_numbers(batch_body: dict, online: dict) -> None:
-    """The same tokens, log-probabilities and top-k (or labels) within float32 noise: two
-    candidates within it of each other may change places at the top-k's edge."""
-    for ours, theirs in zip(batch_body["choices"], online["choices"], strict=True):
-        mine, other = ours["logprobs"], theirs["logprobs"]
-        assert mine["tokens"] == other["tokens"]
-        scored = [i for i, v in enumerate(other["token_logprobs"]) if v is not None]
-        np.testing.assert_allclose([mine["token_logprobs"][i] for i in scored],
-                                   [other["token_logprobs"][i] for i in scored], atol=TOLERANCE)
-        for top, expected in zip(mine["top_logprobs"], other["top_logprobs"], strict=True):
-            top, expected = top or {}, expected or {}
-            np.testing.assert_allclose(sorted(top.values()), sorted(expected.values()), atol=TOLERANCE)
-            for text in top.keys() & expected.keys():
-                assert abs(top[text] - expected[text]) <= TOLERANCE, text
-
-
 def run_batch(client, lines: list[dict], endpoint: str = "/v1/completions"):
     uploaded = client.files.create(file=("input.jsonl", jsonl(lines)), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h",
@@ -112,7 +104,7 @@ def test_the_sdk_runs_a_batch_whose_answers_are_the_online_ones(client, http):
         assert response["status_code"] == 200 and response["request_id"]
         online = http.post("/v1/completions", json=body)
         assert online.status_code == 200
-        assert_same_numbers(response["body"], online.json())
+        assert_same_choices(response["body"], online.json())
     # Each refusal the online API gives the same body, in its envelope.
     for custom_id in ("too-many-logprobs", "no-model"):
         online = http.post("/v1/completions", json=bad[custom_id])
@@ -188,9 +180,29 @@ def started_batch(client, bodies: dict[str, dict]) -> str:
                                  completion_window="24h").id
 
 
-def long_batch(client, count: int) -> str:
-    return started_batch(client, {f"line-{i}": scoring(f"Sentence {i}: " + "the words go on and on " * 12)
-                                  for i in range(count)})
+def long_lines(count: int, **extra) -> dict[str, dict]:
+    """Bodies that differ in their prompt only."""
+    return {f"line-{i}": scoring(f"Sentence {i}: " + "the words go on and on " * 12, **extra)
+            for i in range(count)}
+
+
+def assert_answered_as_online(http, output: dict[str, dict], bodies: dict[str, dict],
+                              per_request: int) -> None:
+    """Every line once in the output, its answer the online API's to its body; the online API
+    asked `per_request` of the bodies' prompts a request (they differ in their prompt only)."""
+    assert output.keys() == bodies.keys()
+    shared = {**next(iter(bodies.values())), "prompt": None}
+    assert all({**body, "prompt": None} == shared for body in bodies.values())
+    ids = list(bodies)
+    for start in range(0, len(ids), per_request):
+        group = ids[start:start + per_request]
+        online = http.post("/v1/completions", json={**shared, "prompt": [bodies[i]["prompt"] for i in group]})
+        assert online.status_code == 200, online.text
+        for custom_id, choice in zip(group, online.json()["choices"], strict=True):
+            response = output[custom_id]["response"]
+            assert response["status_code"] == 200, custom_id
+            (answered,) = response["body"]["choices"]
+            assert_same_choice(answered, choice)
 
 
 def wait_for_progress(client, batch_id: str, done: int) -> None:
@@ -200,32 +212,33 @@ def wait_for_progress(client, batch_id: str, done: int) -> None:
         time.sleep(0.2)
 
 
-def test_a_cancelled_batch_stops_within_seconds_and_keeps_what_it_did(client):
-    batch_id = long_batch(client, 300)
+def test_a_cancelled_batch_stops_and_keeps_what_it_did(client):
+    batch_id = started_batch(client, long_lines(300))
     wait_for_progress(client, batch_id, 5)
     with pytest.raises(openai.ConflictError) as in_use:
         client.files.delete(client.batches.retrieve(batch_id).input_file_id)
     assert in_use.value.code == "file_in_use"
     cancelling = client.batches.cancel(batch_id)
     assert cancelling.status == "cancelling"
-    started = time.monotonic()
-    batch = finished(client, batch_id)
-    assert batch.status == "cancelled" and time.monotonic() - started < 10
+    batch = finished(client, batch_id)  # how soon: bench/batch_cancel.py
+    assert batch.status == "cancelled"
     output = results(client, batch.output_file_id)
     assert 5 <= len(output) < 300 and batch.request_counts.completed == len(output)
     assert client.batches.cancel(batch_id).status == "cancelled"  # again: nothing changes
 
 
-def test_a_batch_survives_its_runner_killed_with_every_line_once(client):
+def test_a_batch_survives_its_runner_killed_with_every_line_once(client, http):
     count = 60
-    batch_id = long_batch(client, count)
+    bodies = long_lines(count)
+    batch_id = started_batch(client, bodies)
     wait_for_progress(client, batch_id, 10)
     kill_one(f"ServeReplica:{APP_NAME}:BatchRunner")
     batch = finished(client, batch_id)
     assert batch.status == "completed", batch
     output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
-    assert set(output) == {f"line-{i}" for i in range(count)} and errors == {}
+    assert errors == {}
     assert batch.request_counts.model_dump() == {"total": count, "completed": count, "failed": 0}
+    assert_answered_as_online(http, output, bodies, CONFIG["ingress"]["max_batch_prompts"])
 
 
 def test_a_batch_survives_its_model_s_engine_killed_with_every_line_once(client, http):
@@ -233,19 +246,17 @@ def test_a_batch_survives_its_model_s_engine_killed_with_every_line_once(client,
     runner sends them again after the wait the refusal names; the small queue of this model
     refuses some lines with 503 `overloaded` all along, retried the same way."""
     count = 400  # a few seconds of lines, more than the second the record's counts may lag
-    bodies = {f"line-{i}": {**scoring(f"Sentence {i}: " + "the words go on and on " * 12),
-                            "model": SMALL_QUEUE_MODEL} for i in range(count)}
+    bodies = long_lines(count, model=SMALL_QUEUE_MODEL)
     batch_id = started_batch(client, bodies)
     wait_for_progress(client, batch_id, 5)
-    killed_at, killed = int(time.time()), time.monotonic()
+    # Lines are left when the engine dies: the batch must wait for the replica replacing it.
+    assert client.batches.retrieve(batch_id).status == "in_progress"
+    killed = time.monotonic()
     engine_core().send_signal(signal.SIGKILL)
     batch = finished(client, batch_id)
     assert batch.status == "completed", batch
-    # Lines were left when the engine died: the batch waited for the replica replacing it.
-    assert batch.completed_at >= killed_at + 2, "the batch ended before the engine was killed"
     output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
-    assert set(output) == set(bodies) and errors == {}
+    assert errors == {}
     wait_until_healthy(http, killed)
-    for custom_id in ("line-0", f"line-{count - 1}"):
-        assert_same_numbers(output[custom_id]["response"]["body"],
-                            http.post("/v1/completions", json=bodies[custom_id]).json())
+    # This model takes two requests at once: two prompts a request, none refused.
+    assert_answered_as_online(http, output, bodies, SMALL_QUEUE["max_ongoing_requests"])

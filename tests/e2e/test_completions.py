@@ -6,7 +6,7 @@ import pytest
 from probserve.config import Capabilities
 from probserve.store.model_store import SMOLLM2, TINY_SIBLING
 from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
-from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k
+from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k, assert_top_texts
 from tests.e2e.text_pieces import assert_pieces, special_tokens
 
 TEXT = "The capital of France is"
@@ -41,8 +41,7 @@ def test_greedy_tokens_match_the_reference(complete, reference, form):
     body = complete(prompt=prompt, max_tokens=6, temperature=0, logprobs=0)
     (choice,) = body["choices"]
     generated = choice["logprobs"]["token_ids"]
-    expected = reference.greedy(ids, len(generated))
-    assert generated == expected
+    assert generated == reference.greedy(ids, 6)  # the prompt's greedy run has no end token
     assert body["usage"]["prompt_tokens"] == len(ids)
     assert body["usage"]["completion_tokens"] == len(generated)
     assert choice["text"] == reference.tokenizer.decode(generated, skip_special_tokens=True)
@@ -54,8 +53,7 @@ def test_batches_give_one_choice_per_prompt(complete, reference):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     for prompt, choice in zip(prompts, body["choices"], strict=True):
         ids = reference.tokenizer.encode(prompt)
-        generated = choice["logprobs"]["token_ids"]
-        assert generated == reference.greedy(ids, 2)[:len(generated)]
+        assert choice["logprobs"]["token_ids"] == reference.greedy(ids, 2)
     ids_batch = [reference.tokenizer.encode(p) for p in prompts]
     assert complete(prompt=ids_batch, max_tokens=2, temperature=0)["choices"][2]["text"] == \
         body["choices"][2]["text"]
@@ -116,33 +114,18 @@ def test_stop_string_ends_the_text(complete):
     assert stopped["text"] == full[:full.index(stop)]
 
 
-def candidate_texts(reference, row: np.ndarray, k: int, token_id: int) -> dict[str, list[float]]:
-    """{text: logprobs} of the tokens a top-k entry may be (a top-k token, within float noise
-    at the k-th place, or the sampled one), by their text as `top_logprobs` keys them."""
-    kth = np.sort(row)[::-1][k - 1] if k else np.inf
-    ids = [*np.flatnonzero(row >= kth - TOLERANCE), token_id]
-    candidates: dict[str, list[float]] = {}
-    for candidate in ids:
-        candidates.setdefault(reference.tokenizer.decode([int(candidate)]), []).append(row[candidate])
-    return candidates
-
-
 @pytest.mark.parametrize("k", [0, 1, 5, MAX_LOGPROBS])
 def test_logprobs_k_of_generated_tokens(complete, reference, k):
     ids = reference.tokenizer.encode(TEXT)
     choice = complete(prompt=TEXT, max_tokens=4, temperature=0, logprobs=k)["choices"][0]
     logprobs = choice["logprobs"]
     generated = logprobs["token_ids"]
+    assert generated == reference.greedy(ids, 4)
     rows = reference.log_softmax(ids + generated)[len(ids) - 1:-1]
     for row, token_id, logprob, top in zip(rows, generated, logprobs["token_logprobs"],
                                            logprobs["top_logprobs"], strict=True):
         assert logprob == pytest.approx(row[token_id], abs=TOLERANCE)
-        # Texts can collide (byte tokens all decode to U+FFFD), so the dict may keep fewer.
-        assert 1 <= len(top) <= k + 1
-        candidates = candidate_texts(reference, row, k, token_id)
-        for text, value in top.items():
-            assert text in candidates, (text, sorted(candidates))
-            assert np.isclose(value, candidates[text], atol=TOLERANCE).any(), (text, value)
+        assert_top_texts(top, reference.tokenizer, row, k, token_id)
     assert_pieces(choice["text"], logprobs["tokens"], logprobs["text_offset"], generated,
                   *special_tokens(reference.tokenizer))
 
@@ -157,7 +140,7 @@ def test_echo_returns_and_scores_the_prompt(complete, reference):
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
     for p in range(1, len(ids)):
         assert logprobs["token_logprobs"][p] == pytest.approx(rows[p][ids[p]], abs=TOLERANCE)
-        assert len(logprobs["top_logprobs"][p]) in (3, 4)
+        assert_top_texts(logprobs["top_logprobs"][p], reference.tokenizer, rows[p], 3, ids[p])
     assert_pieces(choice["text"], logprobs["tokens"], logprobs["text_offset"],
                   logprobs["token_ids"], *special_tokens(reference.tokenizer))
 

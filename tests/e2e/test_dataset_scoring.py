@@ -148,11 +148,14 @@ def test_labels_are_scored_after_each_document_as_online(base_url, http, token_p
     # Each document came to the engine at the batch's priority, behind online requests.
     assert requests_by_priority().get(BACKGROUND, 0) - before.get(BACKGROUND, 0) == len(ids)
     table = pq.read_table(tmp_path / "out").sort_by("row")
-    for row, prompt in zip(table.to_pylist(), ids):
+    for row, prompt in zip(table.to_pylist(), ids, strict=True):
         expected = reference.log_softmax(prompt)[-1][list(LABELS)]
         np.testing.assert_allclose(row["label_logprobs"], expected, atol=TOLERANCE)
-        online = list(online_echo(http, prompt, logprob_token_ids=list(LABELS))["top_logprobs"][-1].values())
-        assert all(min(abs(value - v) for v in online) < TOLERANCE for value in row["label_logprobs"])
+        # The online answer after the text, keyed by each label's text.
+        online = online_echo(http, prompt, logprob_token_ids=list(LABELS))["top_logprobs"][-1]
+        np.testing.assert_allclose(row["label_logprobs"],
+                                   [online[reference.tokenizer.decode([label])] for label in LABELS],
+                                   atol=TOLERANCE)
 
 
 def test_the_full_vocabulary_is_every_positions_distribution(base_url, token_parquet, tmp_path, reference):
@@ -162,7 +165,7 @@ def test_the_full_vocabulary_is_every_positions_distribution(base_url, token_par
     table = pq.read_table(tmp_path / "out").sort_by("row")
     width = reference.model.config.vocab_size
     assert table.schema.field("vocab_logprobs").type == pa.list_(pa.list_(pa.float32(), width))
-    for row, prompt in zip(table.to_pylist(), ids):
+    for row, prompt in zip(table.to_pylist(), ids, strict=True):
         assert row["vocab_logprobs"][0] is None
         np.testing.assert_allclose(np.array(row["vocab_logprobs"][1:]), reference.prompt_rows(prompt)[1:],
                                    atol=TOLERANCE)

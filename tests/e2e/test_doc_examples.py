@@ -28,6 +28,7 @@ def test_every_example_shows_what_it_prints():
 @pytest.mark.parametrize("shown, printed, problem", [
     ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.25813,"rank":1}', None),
     ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.26013,"rank":1}', "number 1"),
+    ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.2587,"rank":1}', "number 1"),  # rounds to -0.259
     ('{"logprob": -0.258, "rank": 1}', '{"logprob":-0.25813,"rank":2}', "number 2"),
     ('{"id": "...", "text": " Paris"}', '{"id":"cmpl-1f3","text":" Paris"}', None),
     ('{"id": "...", "text": " Paris"}', '{"id":"cmpl-1f3","text":" Rome"}', "the text differs"),

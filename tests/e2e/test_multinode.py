@@ -9,7 +9,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from probserve.ops.local_ray import APP_NAME, ray_environment
 from probserve.store.home import apply_cache_environment
 from tests.e2e.conftest import MODEL, TINY_KV_GIB, free_port
 from tests.e2e.ray_cluster import RayNode, node_options
+from tests.e2e.waiting import poll_until
 
 CPU_GROUP = {"probserve-cpu": 100}
 MODEL_GROUP = {f"probserve-model-{MODEL}": 1}
@@ -118,11 +118,9 @@ def check_answer(answer: dict, reference) -> None:
                                rows[np.arange(len(generated)), generated], atol=1e-4)
 
 
-def timed_request(url: str) -> tuple[httpx.Response, float]:
-    """A completion request and its latency; a hang fails the test (httpx's timeout)."""
-    sent = time.monotonic()
-    response = httpx.post(f"{url}/v1/completions", json=GREEDY, timeout=FAILURE_LIMIT_S)
-    return response, time.monotonic() - sent
+def greedy_request(url: str) -> httpx.Response:
+    """A completion request; a hang fails the test (httpx's timeout)."""
+    return httpx.post(f"{url}/v1/completions", json=GREEDY, timeout=FAILURE_LIMIT_S)
 
 
 def assert_refused(response: httpx.Response) -> None:
@@ -130,19 +128,23 @@ def assert_refused(response: httpx.Response) -> None:
     assert response.json()["error"]["code"] == "not_ready" and response.headers["retry-after"]
 
 
-def until_answered(url: str) -> tuple[httpx.Response, list[float]]:
-    """Requests one after another until one is answered 200, each refusal an enveloped 503;
-    returns the answer and the refusals' latencies."""
-    started, waits = time.monotonic(), []
-    while (timed := timed_request(url))[0].status_code != 200:
-        assert_refused(timed[0])
-        waits.append(timed[1])
-        assert time.monotonic() - started < RECOVERY_LIMIT_S, f"no answer within {RECOVERY_LIMIT_S} s"
-        time.sleep(0.5)
-    return timed[0], waits
+def answered_or_refused(url: str) -> httpx.Response | None:
+    """The answer to a request, or None where it was refused with an enveloped 503."""
+    response = greedy_request(url)
+    if response.status_code == 200:
+        return response
+    assert_refused(response)
+    return None
 
 
-def test_the_model_on_a_worker_node_survives_losing_it(cluster, references, capsys):
+def refused_and_known_lost(url: str) -> bool:
+    """A request is refused with an enveloped 503 (never a hang); whether /health says the
+    model has lost its replica."""
+    assert_refused(greedy_request(url))
+    return httpx.get(f"{url}/health", timeout=30).json()["models"][MODEL] == "no running replica"
+
+
+def test_the_model_on_a_worker_node_survives_losing_it(cluster, references):
     reference = references[MODEL]
     worker = cluster["add_worker"]()
     url = deploy(cluster, free_port())
@@ -154,23 +156,13 @@ def test_the_model_on_a_worker_node_survives_losing_it(cluster, references, caps
     check_answer(answer.json(), reference)
 
     worker.kill()
-    lost = time.monotonic()
-    waits = []
-    while not waits or waits[-1] > 2:  # until the service knows the node is gone: at once
-        response, wait = timed_request(url)
-        assert_refused(response)
-        waits.append(wait)
-        assert time.monotonic() - lost < 2 * FAILURE_LIMIT_S
-    known = time.monotonic() - lost
-    health = httpx.get(f"{url}/health", timeout=30)
-    assert health.status_code == 503 and health.json()["models"][MODEL] == "no running replica"
+    # Refused from the first request on, until and after the service knows the node is gone.
+    poll_until(lambda: refused_and_known_lost(url), 2 * FAILURE_LIMIT_S, "the lost replica still listed",
+               pause_s=0.5)
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 503
+    assert_refused(greedy_request(url))
 
     cluster["add_worker"]()
-    joined = time.monotonic()
-    answer, refusals = until_answered(url)
+    # While the new replica starts: each request refused, then answered right.
+    answer = poll_until(lambda: answered_or_refused(url), RECOVERY_LIMIT_S, "no answer", pause_s=0.5)
     check_answer(answer.json(), reference)
-    recovered = time.monotonic() - joined
-    assert all(wait < 2 for wait in refusals)  # while the new replica starts: refused at once
-    with capsys.disabled():
-        print(f"\nworker node lost: first refusal after {waits[0]:.1f} s, refused at once from "
-              f"{known:.1f} s; a new worker node answered {recovered:.1f} s after joining")

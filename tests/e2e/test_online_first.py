@@ -16,6 +16,7 @@ from probserve.ops.app import model_deployment_name
 from probserve.ops.local_ray import APP_NAME
 from probserve.store.model_store import TINY_BOS
 from tests.e2e.conftest import BACKGROUND_QUIET_S, KV_BLOCKS, MAX_MODEL_LEN, MODEL
+from tests.e2e.waiting import poll_until
 
 pytestmark = pytest.mark.e2e
 
@@ -23,6 +24,7 @@ BACKGROUND = BatchConfig().priority
 QUEUED = 32  # background requests sent before the online one
 IN_ENGINE = ModelConfig(name=MODEL).max_background_in_engine
 NO_END = dict.fromkeys([0, 1, 2, 4], -100.0)  # the tiny models' special tokens: all max_tokens generated
+WAIT_S = 60
 
 
 def replica(model: str = MODEL):
@@ -38,7 +40,8 @@ def scoring(priority: int, first: int, length: int) -> EngineRequest:
     """A prompt scored whole, as a batch's echo lines are; each its own first token, so that
     none waits for another's prefix or reads it from a cache."""
     return EngineRequest(prompt_token_ids=list(range(first, first + length)), max_tokens=1, temperature=0.0,
-                         top_p=1.0, logprobs=1, prompt_logprobs=1, priority=priority, sent_at=time.time())
+                         top_p=1.0, logprobs=1, prompt_logprobs=1, tenant="online", priority=priority,
+                         sent_at=time.time())
 
 
 def test_an_online_request_passes_the_background_work_queued_before_it(base_url):
@@ -76,7 +79,8 @@ def test_a_background_prompt_goes_whole_once_online_requests_have_paused(base_ur
     model, request = TINY_BOS, scoring(ONLINE, 3000, MAX_MODEL_LEN - 100)
     assert len(request.prompt_token_ids) > 2 * KV_BLOCKS[model]
     online = replica(model).generate.remote(dataclasses.replace(request, tenant="online")).result()
-    time.sleep(BACKGROUND_QUIET_S + 0.5)
+    poll_until(lambda: replica(model).background_quiet.remote().result(), WAIT_S,
+               f"no online request in the engine for background_quiet_s ({BACKGROUND_QUIET_S} s)")
     before = requests_by_priority(model)
     # Sent now: this model refuses a request that waited more than a second (max_queue_wait_s).
     background = replica(model).generate.remote(dataclasses.replace(
@@ -91,16 +95,18 @@ def test_an_online_request_does_not_wait_for_a_batch_line_with_its_prompt(base_u
     online and as a batch at once) is computed at once, not after the batch line."""
     handle = replica()
     busy = EngineRequest(prompt_token_ids=[5, 6, 7], max_tokens=480, temperature=0.0, top_p=1.0,
-                         logit_bias=NO_END, sent_at=time.time())
+                         logit_bias=NO_END, tenant="online", priority=ONLINE, sent_at=time.time())
     line = dataclasses.replace(scoring(BACKGROUND, 2500, MAX_MODEL_LEN - 100), tenant="eval")
     with ThreadPoolExecutor(3) as threads:
         def ended(request: EngineRequest):
             return threads.submit(result_and_end, handle.generate.remote(request))
 
         busy_ended = ended(busy)
-        time.sleep(0.3)  # in the engine: the batch line below waits for it to end
+        # In the engine: the batch line below waits for it to end.
+        poll_until(lambda: handle.unfinished_requests.remote().result() == 1, WAIT_S, "the busy request")
         line_ended = ended(dataclasses.replace(line, sent_at=time.time()))
-        time.sleep(0.2)  # its prompt in flight, the line held back
+        # Held back, its prompt held as in flight.
+        poll_until(lambda: handle.background_waiting.remote().result() == 1, WAIT_S, "the line held back")
         online_ended = ended(dataclasses.replace(line, priority=ONLINE, sent_at=time.time()))
         (online, online_at), (_, busy_at), (background, line_at) = (
             future.result() for future in (online_ended, busy_ended, line_ended))

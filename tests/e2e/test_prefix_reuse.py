@@ -16,13 +16,12 @@ import pytest
 from probserve.config import ScoredCacheConfig
 from tests.e2e.conftest import FAMILIES, KV_BLOCKS, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
+from tests.e2e.waiting import REPORT_S, SETTLE_S, settled_reading
 
 CHOICES = 4
 # Each request scores its span with a top-k or with labels; echoed whole (every row needed),
 # the same prompt is computed without reading the cache.
 SCORES = {"top-k": {"logprobs": 5}, "labels": {"logprob_token_ids": [10, 11, 12]}}
-SETTLE_S = 30
-REPORT_S = 2.5  # Ray's metrics report interval in the tests, and a little
 
 
 KV_READS = "probserve_prefix_cache_read_tokens_total"
@@ -30,14 +29,20 @@ SCORED_SERVED = "probserve_scored_positions_total"  # source="cache"
 SCORED_BYTES = "probserve_scored_cache_bytes"
 
 
-def exported(metrics_url: str, metric: str, model: str, application: str = "probserve") -> float:
+def exported_series(metrics_url: str, metric: str, model: str,
+                    application: str = "probserve") -> dict[str, float]:
     """A counter of the application's replicas of the model as Ray's metrics agent exports it
-    (`source="cache"` where the counter has sources)."""
+    (`source="cache"` where the counter has sources), by each series' labels: one a process."""
     text = httpx.get(metrics_url, timeout=30).text
     series = re.findall(rf"^ray_{metric}{{([^}}]*)}} (\S+)$", text, re.MULTILINE)
     wanted = (f'model="{model}"', f'application="{application}"')
-    return sum(float(value) for labels, value in series if all(label in labels for label in wanted)
-               and ("source=" not in labels or 'source="cache"' in labels))
+    return {labels: float(value) for labels, value in series if all(label in labels for label in wanted)
+            and ("source=" not in labels or 'source="cache"' in labels)}
+
+
+def exported(metrics_url: str, metric: str, model: str, application: str = "probserve") -> float:
+    """The counter summed over the application's replicas of the model."""
+    return sum(exported_series(metrics_url, metric, model, application).values())
 
 
 def grown(metrics_url: str, metric: str, model: str, before: float, expected: int,
@@ -57,13 +62,18 @@ def grown(metrics_url: str, metric: str, model: str, before: float, expected: in
 def settled(metrics_url: str, metric: str, model: str) -> float:
     """The counter once one more of Ray's reports brought nothing new: the counts of the test
     before may still be on their way when a test reads where it starts from."""
-    deadline, value = time.monotonic() + SETTLE_S, exported(metrics_url, metric, model)
-    while time.monotonic() < deadline:
-        time.sleep(REPORT_S)
-        value, previous = exported(metrics_url, metric, model), value
-        if value == previous:
-            break
-    return value
+    return settled_reading(lambda: exported(metrics_url, metric, model))
+
+
+def settled_series(metrics_url: str, metric: str, model: str) -> dict[str, float]:
+    """The counter by series (exported_series) once one more of Ray's reports brought nothing new."""
+    return settled_reading(lambda: exported_series(metrics_url, metric, model))
+
+
+def growth(before: dict[str, float], after: dict[str, float]) -> float:
+    """How much a counter's series grew: a process's series gone since (a replica replaced)
+    is left out, a new one counts from 0."""
+    return sum(value - before.get(series, 0.0) for series, value in after.items())
 
 
 def cache_reads(metrics_url: str, model: str) -> float:

@@ -11,12 +11,16 @@ import httpx
 import orjson
 import psutil
 from ray import serve
+from transformers import AutoConfig
 
 from probserve.ops.local_ray import APP_NAME
-from probserve.store.model_store import SMOLLM2
+from probserve.store.model_store import SMOLLM2, embedded_model_path
 from tests.e2e.conftest import MODEL, ONE_WINDOW
+from tests.e2e.full_vocab_body import ROWS_WRITTEN, StreamedRows
+from tests.e2e.reference import TOLERANCE
 from tests.e2e.test_autoscaling import wait_until
 from tests.e2e.test_overload import service_memory
+from tests.e2e.test_prefix_reuse import growth, settled_series
 
 # SmolLM2, 256 positions: about 870 MB of JSON, seconds of the pool's work.
 LONG = {"model": SMOLLM2, "prompt": list(range(1000, 1256)), "max_tokens": 1, "prompt_logprobs": -1}
@@ -59,51 +63,62 @@ def test_a_pool_worker_that_dies_mid_stream_never_leaves_a_silent_short_body(htt
     store), so the body may still come whole and valid; if it cannot, the response ends with
     an HTTP-level error. Never a body that looks complete and is not."""
     inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    tail = b""
-    started = time.monotonic()
+    rows = StreamedRows()
     try:
         with http.stream("POST", "/v1/completions", json=LONGER,
                          headers={"accept-encoding": "gzip"}) as response:
             assert response.status_code == 200
             body = response.iter_raw()
-            tail = inflate.decompress(next(body))[-1:]
-            killed_at = time.monotonic() - started
+            rows.feed(inflate.decompress(next(body)))
             workers = pool_processes()
             assert workers
             for process in workers:
                 process.kill()
             for chunk in body:
-                tail = (inflate.decompress(chunk) or tail)[-1:]
-        outcome = f"whole: gzip CRC and length checked, ends with {tail!r}"
-        assert inflate.eof and not inflate.unused_data and tail == b"}"
+                rows.feed(inflate.decompress(chunk))
     except httpx.HTTPError as error:
-        outcome = f"failed visibly: {error!r}"
-    print(f"\nkilled {len(workers)} pool workers {killed_at:.1f} s in; the response "
-          f"{outcome} after {time.monotonic() - started:.1f} s")
+        print(f"\npool workers killed mid-stream: the response failed visibly ({error!r})")
+    else:
+        assert inflate.eof and not inflate.unused_data  # the gzip CRC and length checked
+        assert_whole(http, rows)
+        print("\npool workers killed mid-stream: the response came whole")
     retry = http.post("/v1/completions", json={**LONG, "prompt": LONG["prompt"][:32]})
     assert retry.status_code == 200 and len(retry.json()["choices"][0]["prompt_logprobs"]) == 32
 
 
-def test_a_client_that_leaves_mid_stream_stops_the_pool(http):
+def assert_whole(http, rows: StreamedRows) -> None:
+    """LONGER's body, every row there once and in order: each position the whole vocabulary,
+    its likeliest token and logprob the top-1 answer's to the same prompt."""
+    envelope = rows.envelope()
+    (choice,) = envelope["choices"]
+    assert choice["prompt_logprobs"] == [None]
+    assert envelope["usage"]["prompt_tokens"] == len(LONGER["prompt"])
+    top_1 = http.post("/v1/completions", json={**LONGER, "prompt_logprobs": 1})
+    assert top_1.status_code == 200, top_1.text
+    expected = [next((int(token), entry["logprob"]) for token, entry in position.items()
+                     if entry["rank"] == 1)
+                for position in top_1.json()["choices"][0]["prompt_logprobs"][1:]]
+    vocab_size = AutoConfig.from_pretrained(embedded_model_path(SMOLLM2)).vocab_size
+    assert rows.entries == len(expected) * vocab_size
+    for position, ((token, logprob), (top_token, top_logprob)) in enumerate(
+            zip(rows.rank_ones, expected, strict=True), start=1):
+        assert token == top_token and abs(logprob - top_logprob) <= TOLERANCE, position
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_pool(http, metrics_url):
     wait_until(whole_pool, time.monotonic())
     http.post("/v1/completions", json={**LONG, "prompt": LONG["prompt"][:32]})
     gc.collect()
     idle = service_memory()
+    before = settled_series(metrics_url, ROWS_WRITTEN, SMOLLM2)
     with http.stream("POST", "/v1/completions", json=LONG,
                      headers={"accept-encoding": "identity"}) as response:
         assert response.status_code == 200
         next(response.iter_raw())
-    time.sleep(1)
-    workers = pool_processes()
-    before = sum(p.cpu_times().user + p.cpu_times().system for p in workers)
-    time.sleep(3)
-    spent = sum(p.cpu_times().user + p.cpu_times().system for p in workers) - before
+    # Once the rows it counts stop growing, the pool has stopped: the chunks in it when the
+    # client left are written, and no more come (its CPU after a client leaves:
+    # bench/slow_client.py). A pool that went on would write every row of the body.
+    written = growth(before, settled_series(metrics_url, ROWS_WRITTEN, SMOLLM2))
+    assert written < len(LONG["prompt"]) - 1, written  # the first bytes may come before any row
     after = service_memory()
-    print(f"\nleft mid-stream: pool CPU {spent:.2f} s in 3 s after; service memory "
-          f"{idle / 2**20:.0f} MiB idle, {after / 2**20:.0f} MiB after")
-    # The chunks already in the pool when the client left finish, and behind HAProxy the
-    # ingress notices the leaving within a write or two: fresh-clone runs measured 0.09, 0.73
-    # and 0.78 s here. A pool that went on writing the 870 MB body, seconds of both workers'
-    # work, would spend more.
-    assert spent < 1.5
     assert after <= idle * 1.1, (idle, after)

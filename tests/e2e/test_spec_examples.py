@@ -4,6 +4,7 @@ tokenizer name too, since a tokenizer is named by its model). The asserts check 
 they print against the reference."""
 
 import ast
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,10 @@ from openai import OpenAI
 
 from probserve.store.model_store import embedded_model_path
 from tests.e2e.conftest import MODEL
-from tests.e2e.reference import TOLERANCE
+from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_texts
+
+# A line of the prompt_logprobs example: rank, logprob to three decimals, the token's repr.
+ENTRY_LINE = re.compile(r"  rank=([ \d]{2,})  logprob=([-+]\d+\.\d{3})  ('.*'|\".*\")")
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +68,36 @@ def test_acs_prompt_logprobs(client, reference, capsys):
         for token_id, info in choices.items():
             print(f"  rank={info['rank']:>2}  logprob={info['logprob']:+.3f}  {info['decoded_token']!r}")
 
-    printed = capsys.readouterr().out
+    # Each position's lines under its heading: every entry's rank and logprob bound to its token.
+    shown = printed_positions(capsys.readouterr().out)
     ids = reference.tokenizer.encode("The capital of France is")
     rows = reference.prompt_rows(ids)
-    for position in (1, 2):
-        assert f"position {position}:" in printed
-        best = int(np.argmax(rows[position]))
-        assert f"rank= 1  logprob={rows[position][best]:+.3f}" in printed
+    assert list(shown) == [1, 2]
+    for position, entries in shown.items():
+        row, token_id = rows[position], ids[position]
+        expected = [int(t) for t in np.argsort(-row)[:5]]
+        if token_id not in expected:
+            expected.append(token_id)
+        by_rank = sorted(entries)
+        assert [text for _, _, text in by_rank] == [reference.tokenizer.decode([t]) for t in expected]
+        for (rank, logprob, _), expected_id in zip(by_rank, expected, strict=True):
+            assert_rank(row, expected_id, rank)
+            assert abs(logprob - row[expected_id]) <= 5e-4 + TOLERANCE  # printed to 3 decimals
+
+
+def printed_positions(printed: str) -> dict[int, list[tuple[int, float, str]]]:
+    """{position: [(rank, logprob, token)]} of what the prompt_logprobs example printed, every
+    line read whole, in its position's block."""
+    positions: dict[int, list[tuple[int, float, str]]] = {}
+    for line in printed.splitlines():
+        if heading := re.fullmatch(r"position (\d+):", line):
+            positions[int(heading[1])] = []
+        else:
+            entry = ENTRY_LINE.fullmatch(line)
+            assert entry and positions, line
+            rank, logprob, token = int(entry[1]), float(entry[2]), ast.literal_eval(entry[3])
+            positions[list(positions)[-1]].append((rank, logprob, token))
+    return positions
 
 
 def test_acs_logprobs(client, reference, capsys):
@@ -90,12 +117,7 @@ def test_acs_logprobs(client, reference, capsys):
     assert printed.startswith(choice.text + " ")
     shown = ast.literal_eval(printed[len(choice.text) + 1:])
     row = reference.log_softmax(reference.tokenizer.encode("The capital of France is"))[-1]
-    best = np.argsort(-row)[:5]
-    assert len(shown) in (5, 6)
-    np.testing.assert_allclose(sorted(shown.values(), reverse=True)[:5], row[best], atol=TOLERANCE)
-    assert {reference.tokenizer.decode([int(t)]) for t in best} <= set(shown)
-    sampled = choice.logprobs.token_ids[0]
-    assert shown[reference.tokenizer.decode([sampled])] == pytest.approx(row[sampled], abs=TOLERANCE)
+    assert_top_texts(shown, reference.tokenizer, row, 5, choice.logprobs.token_ids[0])
     assert choice.logprobs.text_offset == [0]
 
 

@@ -245,9 +245,10 @@ def test_two_models_side_by_side_coloured_by_their_difference(http, page, screen
     assert_shown_as_answered(second, answer_of(http, scoring_body(TINY_SIBLING, text)))
     headings = [h.text for h in page.find_all("#views h2")]
     assert headings == [MODEL, TINY_SIBLING, f"difference: {TINY_SIBLING} − {MODEL}"]
-    gaps = [b["logprob"] - a["logprob"] for a, b in zip(first, second) if a["logprob"] is not None]
+    gaps = [b["logprob"] - a["logprob"] for a, b in zip(first, second, strict=True)
+            if a["logprob"] is not None]
     assert min(gaps) < -0.5 and max(gaps) > 0.5  # the two models do disagree
-    for token, gap in zip([t for t in difference if t["logprob"] is not None], gaps):
+    for token, gap in zip([t for t in difference if t["logprob"] is not None], gaps, strict=True):
         r, _, b = (float(c) for c in token["colour"][token["colour"].index("(") + 1:-1].split(",")[:3])
         if abs(gap) > 0.5:  # purple where the second model is surer, orange where less
             assert (b > r) == (gap > 0), (token, gap)
@@ -278,7 +279,7 @@ def test_chat_messages_are_scored_as_the_template_renders_them(http, page, scree
     page.screenshot(screenshots / "viewer-chat.png")
 
 
-def test_a_long_text_renders_within_a_second(http, page, capsys):
+def test_a_long_text_renders_every_token(http, page):
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path(SMOLLM2))
     ids = tokenizer.encode(" ".join(f"item {i} of the list reads {i * 7 % 13} words" for i in range(400)))
     count = LONG_TEXT_TOKENS
@@ -289,11 +290,8 @@ def test_a_long_text_renders_within_a_second(http, page, capsys):
     click_and_wait(page, "#score")
     tokens = page.script("return document.querySelectorAll('#views .token').length")
     answer = answer_of(http, scoring_body(SMOLLM2, text))
+    # Every token shown (how fast the page renders them: bench/viewer_render.py).
     assert tokens == answer["usage"]["prompt_tokens"] >= LONG_TEXT_TOKENS - 4
-    render_ms = float(page.find("#results").get_attribute("data-render-ms"))
-    assert render_ms < 1000, f"{tokens} tokens took {render_ms:.0f} ms to render"
-    with capsys.disabled():
-        print(f"\n{tokens} tokens rendered in {render_ms:.0f} ms")
 
 
 def test_the_answer_exports_as_json_and_csv(page):
