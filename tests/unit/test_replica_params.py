@@ -1,6 +1,7 @@
 """What the replica asks of vLLM for each request's log-probabilities: labels, the full
 vocabulary, and how much of the prefix cache a scored span may read."""
 
+import os
 import subprocess
 import sys
 
@@ -8,7 +9,14 @@ import pytest
 
 from probserve.config import ModelConfig
 from probserve.engine.replica import check_queue_time, engine_args, logprob_params
-from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
+from probserve.engine.vllm_fence import (
+    FULL_VOCAB,
+    PREFIX_CACHE_LIMIT,
+    PROMPT_LABELS,
+    RUNNER_SWITCH,
+    ask_for_the_v1_runner,
+    check_runner,
+)
 from probserve.engine.wire import EngineRequest, QueueTimeout
 
 
@@ -93,3 +101,32 @@ def test_importing_vllm_in_a_replica_leaves_ray_serves_log_open():
         "assert serve_log.target is not None, 'vLLM closed the handler'",
         "assert logging.getLogger('vllm').handlers"])
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def engine_config():
+    """The tiny model's engine config as the replica builds it (on this CPU host)."""
+    return engine_args(ModelConfig.model_validate({"name": "tiny-llama"})).create_engine_config()
+
+
+def test_where_vllm_would_run_its_model_runner_v2_the_replica_asks_for_v1(engine_config, monkeypatch):
+    import vllm.config.vllm
+
+    name, v1 = RUNNER_SWITCH
+    monkeypatch.setenv(name, "unset below")
+    monkeypatch.delenv(name)
+    monkeypatch.setattr(vllm.config.vllm, "HAS_TRITON", True)  # as on CUDA, where Triton imports
+    assert engine_config.use_v2_model_runner  # vLLM's own choice there
+    refusal = r"vLLM chose its Model Runner V2 .* set VLLM_USE_V2_MODEL_RUNNER=0 \(it is None here\)"
+    with pytest.raises(RuntimeError, match=refusal):
+        check_runner(engine_config)
+    ask_for_the_v1_runner()
+    assert os.environ[name] == v1 and not engine_config.use_v2_model_runner
+    check_runner(engine_config)
+
+
+def test_a_runner_the_user_set_to_v2_is_refused_naming_it(engine_config, monkeypatch):
+    monkeypatch.setenv(RUNNER_SWITCH[0], "1")
+    ask_for_the_v1_runner()  # leaves the user's value, for the check to judge
+    with pytest.raises(RuntimeError, match=r"Model Runner V2 .* \(it is '1' here\)"):
+        check_runner(engine_config)

@@ -3,7 +3,6 @@ copied constant and every use of a marked count in vLLM's source; the plugin's g
 tensors; the full-vocabulary self-check's comparison."""
 
 import ast
-import importlib
 import inspect
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from probserve.engine.vllm_fence import (
     MARKED_COUNT_USES,
     PREFIX_CACHE_LIMIT,
     RUNNER_COUNT_METHODS,
+    RUNNER_SWITCH,
     TOUCH_POINTS,
     FullVocabCount,
     LabelCount,
@@ -31,7 +31,9 @@ from probserve.engine.vllm_fence import (
     register,
     rows_from,
 )
+from tests.unit import vllm_sources
 from tests.unit.fakes import full_vocab_rows, positions
+from tests.unit.vllm_sources import Sources, parameters
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,47 +71,88 @@ def test_only_other_versions_are_mismatches():
         "ray 2.61.0 is installed, probserve is verified on ray 2.60.0"]
 
 
-@pytest.mark.parametrize("point", TOUCH_POINTS, ids=lambda p: p.qualname)
-def test_each_patched_method_still_has_the_signature_its_patch_expects(point):
+VLLM_POINTS = [p for p in TOUCH_POINTS if p.module.startswith("vllm.")]
+RAY_POINTS = [p for p in TOUCH_POINTS if p.module.startswith("ray.")]
+
+
+@pytest.fixture(scope="session")
+def cuda_wheel() -> Sources:
+    return vllm_sources.cuda_wheel(vllm_fence.pinned_versions()["vllm"])
+
+
+@pytest.fixture(scope="session", params=["installed", "cuda"])
+def vllm_build(request, cuda_wheel) -> Sources:
+    """The fence holds on both builds of the pinned release: the CPU one installed here, and
+    the CUDA wheel that GPU images install."""
+    return vllm_sources.installed("vllm") if request.param == "installed" else cuda_wheel
+
+
+def test_every_touch_point_is_vllms_or_rays():
+    assert len(VLLM_POINTS) + len(RAY_POINTS) == len(TOUCH_POINTS)
+
+
+@pytest.mark.parametrize("point", VLLM_POINTS, ids=lambda p: p.qualname)
+def test_each_vllm_touch_point_has_the_signature_its_patch_expects(point, vllm_build):
+    assert parameters(vllm_build.definition(point.module, point.qualname)) == point.parameters
+
+
+@pytest.mark.parametrize("point", RAY_POINTS, ids=lambda p: p.qualname)
+def test_each_ray_touch_point_has_the_signature_its_patch_expects(point):
+    ray = vllm_sources.installed("ray")
+    assert parameters(ray.definition(point.module, point.qualname)) == point.parameters
+
+
+@pytest.mark.parametrize("point", VLLM_POINTS, ids=lambda p: p.qualname)
+def test_each_vllm_touch_point_reads_the_same_in_the_cuda_wheel(point, cuda_wheel):
+    """Whole, not only its signature: the patches were read against the CPU build's code."""
+    cpu = vllm_sources.installed("vllm").definition(point.module, point.qualname)
+    assert ast.dump(cuda_wheel.definition(point.module, point.qualname)) == ast.dump(cpu), point.qualname
+
+
+def test_the_source_read_is_the_code_run():
+    """The installed build's checks read the vLLM this process imports (a patched method's
+    original, compiled from the file the checks parse)."""
+    point = VLLM_POINTS[0]
     assert tuple(inspect.signature(original(point.qualname)).parameters) == point.parameters
+    assert Path(inspect.getsourcefile(original(point.qualname))).is_relative_to(
+        vllm_sources.installed("vllm").root)
 
 
 @pytest.mark.parametrize("name", COPIED_CONSTANTS)
-def test_each_copied_constant_equals_vllms(name):
+def test_each_copied_constant_equals_vllms(name, vllm_build):
     ours, module, path = COPIED_CONSTANTS[name]
-    owner = importlib.import_module(module)
-    *owners, attribute = path.split(".")
-    for part in owners:
-        owner = getattr(owner, part)
-    theirs = owner.model_fields[attribute].default if owners else getattr(owner, attribute)
-    assert ours == theirs
+    assert vllm_build.constant(module, path) == ours
 
 
-def runner_methods() -> dict[str, ast.FunctionDef]:
-    from vllm.v1.worker import gpu_model_runner
-
-    (runner,) = [node for node in ast.parse(inspect.getsource(gpu_model_runner)).body
-                 if isinstance(node, ast.ClassDef) and node.name == "GPUModelRunner"]
+def runner_methods(build: Sources) -> dict[str, ast.FunctionDef]:
+    runner = build.definition("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
     return {node.name: node for node in runner.body if isinstance(node, ast.FunctionDef)}
 
 
-def test_the_runner_touches_the_counts_only_where_the_fence_says():
-    touching = {name for name, method in runner_methods().items()
+def test_the_runner_touches_the_counts_only_where_the_fence_says(vllm_build):
+    touching = {name for name, method in runner_methods(vllm_build).items()
                 for node in ast.walk(method) if isinstance(node, ast.Attribute)
                 and node.attr == "num_prompt_logprobs" and getattr(node.value, "id", "") == "self"}
     assert touching == set(RUNNER_COUNT_METHODS)
 
 
 @pytest.mark.parametrize("method", MARKED_COUNT_USES)
-def test_a_marked_count_reaches_the_gather_and_the_buffer_unchanged(method):
+def test_a_marked_count_reaches_the_gather_and_the_buffer_unchanged(method, vllm_build):
     """Every expression that reads a prompt's count in the method: any other (an `int()`, a
     `max()`) would strip the mark, and the request would get a top-k in place of its rows."""
-    tree = runner_methods()[method]
+    tree = runner_methods(vllm_build)[method]
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     uses = {ast.unparse(parents[node]) for node in ast.walk(tree)
             if isinstance(node, ast.Name) and node.id == "num_prompt_logprobs"
             and isinstance(node.ctx, ast.Load)}
     assert uses == set(MARKED_COUNT_USES[method])
+
+
+def test_vllms_runner_switch_is_the_variable_the_fence_sets(vllm_build):
+    name, v1 = RUNNER_SWITCH
+    switch = vllm_build.definition("vllm.config.vllm", "VllmConfig.use_v2_model_runner")
+    assert f"envs.{name}" in ast.unparse(switch)
+    assert name in ast.unparse(vllm_build.module("vllm.envs")) and v1 == "0"
 
 
 def test_labels_replace_the_top_k_and_keep_the_true_rank():
