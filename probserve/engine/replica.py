@@ -30,7 +30,6 @@ from probserve.engine.vllm_fence import (
 )
 from probserve.engine.windows import joined_windows, next_window, prompt_windows
 from probserve.engine.wire import (
-    ONLINE,
     REPLICA_ITSELF,
     Completion,
     EngineRequest,
@@ -51,14 +50,13 @@ logger = logging.getLogger("probserve.replica")
 # The namespace of every request's prefix caches on a model that shares them
 # (`models[].shared_prefix_caches`); a tenant's own is "tenant:" and its name.
 SHARED_CACHES = "shared"
-ITSELF = {"tenant": REPLICA_ITSELF, "priority": ONLINE}
 
 
 def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
     the buffers of the longest full-vocabulary prompt (`rows` positions), which vLLM's worker
     and this process make on its first windows and keep for the next (docs/benchmarks.md)."""
-    greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1, **ITSELF}
+    greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1, **REPLICA_ITSELF}
     return (EngineRequest(prompt_token_ids=[1, 2, 3], prompt_logprobs=1, **greedy),
             EngineRequest(prompt_token_ids=list(range(1, rows + 2)), prompt_logprobs=-1, **greedy))
 

@@ -86,7 +86,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from probserve.engine.wire import (
-    ONLINE,
     REPLICA_ITSELF,
     EngineRequest,
     EngineResult,
@@ -494,7 +493,7 @@ def keep_top_k_beside_labels() -> None:
 CHECK_PROMPT = [1, 2, 3]
 CHECK_TOP_K = 5
 CHECK = {"prompt_token_ids": CHECK_PROMPT, "max_tokens": 1, "temperature": 0.0, "top_p": 1.0,
-         "tenant": REPLICA_ITSELF, "priority": ONLINE}
+         **REPLICA_ITSELF}
 LABELS_CHECK = EngineRequest(**CHECK, logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
 FULL_VOCAB_CHECK = EngineRequest(**CHECK, prompt_logprobs=-1)
 TOP_K_CHECK = EngineRequest(**CHECK, prompt_logprobs=CHECK_TOP_K)

@@ -16,8 +16,8 @@ def token_array(token_ids) -> np.ndarray:
 
 
 ONLINE = 0  # EngineRequest.priority of the API's own callers
-# The tenant of a replica's own requests (its warm-up and self-checks).
-REPLICA_ITSELF = "probserve:replica"
+# The tenant and priority of a replica's own requests (its warm-up and self-checks).
+REPLICA_ITSELF = {"tenant": "probserve:replica", "priority": ONLINE}
 
 # Generated tokens a request scoring its prompt may ask for and still be waited for.
 SCORING_MAX_TOKENS = 16

@@ -37,6 +37,7 @@ from tests.e2e.tenancy_app import (
 from tests.e2e.test_prefix_reuse import KV_READS, SCORED_SERVED, exported, grown
 from tests.e2e.test_request_log import session_logs
 from tests.e2e.test_viewer import click_and_wait
+from tests.e2e.waiting import poll_until, read_until
 
 SECRET_WORD = f"tenant-secret-{uuid.uuid4().hex}"
 # Metrics reach Prometheus through Ray's metrics agent (reports every 2 s) and a scrape (every
@@ -58,16 +59,6 @@ FLOOD_START_S, FLOOD_LIMIT_S = 60, 300  # every client answered once by then; st
 @pytest.fixture(scope="module")
 def url(tenancy_url) -> str:
     return tenancy_url
-
-
-def polled(read: Callable, done: Callable[..., bool], wait_s: float, what: str):
-    """`read()` again, every half second, until `done` holds of what it returned (at most
-    `wait_s`): that value."""
-    deadline = time.monotonic() + wait_s
-    while not done(value := read()):
-        assert time.monotonic() < deadline, f"{what}: {value}"
-        time.sleep(0.5)
-    return value
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +89,8 @@ def test_a_revoked_key_stops_working_without_a_restart(url, keys):
     document = KeyFile.read(keys["key_file"])
     gamma = next(key.id for key in document.keys if key.tenant == "gamma")
     keyring.revoke_key(document, gamma).write(keys["key_file"])
-    deadline = time.monotonic() + 30
-    while (answer := complete(url, as_(keys, "gamma"))).status_code == 200:
-        assert time.monotonic() < deadline, "the revoked key still works"
-        time.sleep(0.5)
+    answer = read_until(lambda: complete(url, as_(keys, "gamma")), lambda a: a.status_code != 200, 30,
+                        "the revoked key still works", pause_s=0.5)
     assert (answer.status_code, answer.json()["error"]["code"]) == (401, "invalid_api_key")
 
 
@@ -139,11 +128,9 @@ def test_the_request_rate_holds_across_both_ingress_replicas(url, keys, promethe
     assert int(answer.headers["retry-after"]) >= 1 and answer.headers["x-ratelimit-reset-requests"]
     alpha_refusal.update(at=time.monotonic(), retry_after=int(answer.headers["retry-after"]))
     # Both ingress replicas answered alpha: the limit is theirs together (Redis), not each one's.
-    deadline = time.monotonic() + METRICS_WAIT_S
-    while len(prometheus.query('sum by (replica) (probserve_requests_total{tenant="alpha", '
-                               'deployment="Ingress", application="tenancy"})')) < 2:
-        assert time.monotonic() < deadline, "one ingress replica answered every request"
-        time.sleep(1)
+    poll_until(lambda: len(prometheus.query('sum by (replica) (probserve_requests_total{tenant="alpha", '
+                                            'deployment="Ingress", application="tenancy"})')) >= 2,
+               METRICS_WAIT_S, "one ingress replica answered every request", pause_s=1)
 
 
 def timed(send: Callable[[], httpx.Response]) -> tuple[float, float, int | str]:
@@ -204,8 +191,8 @@ def test_one_tenants_flood_waits_in_its_own_queue_while_the_others_are_served(ur
     model.peak_in_engine.remote("flood").result()  # counted from here
     with Flood(url, as_(keys, "flood"), FLOOD_CLIENTS) as flood:
         # Every client sends again at once: from here flood's queues hold waiters.
-        polled(flood.clients_answered, lambda answered: answered == FLOOD_CLIENTS, FLOOD_START_S,
-               "flood's clients answered")
+        read_until(flood.clients_answered, lambda answered: answered == FLOOD_CLIENTS, FLOOD_START_S,
+                   "flood's clients answered", pause_s=0.5)
         beta = as_(keys, "beta")
         betas = [timed(lambda: complete(url, beta, **SAME_REQUEST)) for _ in range(BETA_REQUESTS)]
     floods = flood.requests()
@@ -232,8 +219,10 @@ def usage_grown_by(url, headers, before: dict, grown: dict[str, int], answered: 
         usage = httpx.get(f"{url}/v1/usage", headers=headers).json()
         wanted = grown if answered is None else {**grown, "200": answered + next(reads_before)}
         return usage, wanted, {field: amount(usage, field) - amount(before, field) for field in wanted}
-    usage, wanted, got = polled(read, lambda figures: all(figures[2][f] >= n for f, n in figures[1].items()),
-                                USAGE_WAIT_S, "usage (as read, wanted growth, growth)")
+    def all_grown(figures) -> bool:
+        return all(figures[2][field] >= n for field, n in figures[1].items())
+    usage, wanted, got = read_until(read, all_grown, USAGE_WAIT_S, "usage (as read, wanted growth, growth)",
+                                    pause_s=0.5)
     assert got == wanted
     return usage
 
@@ -257,13 +246,11 @@ def test_usage_reads_back_what_the_tenant_sent(url, keys, prometheus):
     sent["full_vocab_bytes"] = full.num_bytes_downloaded
     after = usage_grown_by(url, delta, before, sent, answered=3)
     assert after["tenant"] == "beta"
-    deadline = time.monotonic() + METRICS_WAIT_S  # then the two counts must be equal
     query = 'sum(probserve_request_prompt_tokens_total{tenant="beta", application="tenancy"})'
-    while (exported := prometheus.value(query)) < after["prompt_tokens"]:
-        assert time.monotonic() < deadline, \
-            f"Prometheus has {exported} of the tenant's {after['prompt_tokens']} prompt tokens"
-        time.sleep(1)
-    assert prometheus.value(query) == after["prompt_tokens"]
+    read_until(lambda: prometheus.value(query), lambda exported: exported >= after["prompt_tokens"],
+               METRICS_WAIT_S, f"Prometheus's count of the tenant's {after['prompt_tokens']} prompt tokens",
+               pause_s=1)
+    assert prometheus.value(query) == after["prompt_tokens"]  # once there, the two counts are equal
 
 
 def test_each_tenant_has_its_own_prefix_caches(url, keys, metrics_port):
@@ -307,7 +294,8 @@ def batch_when(batch_url: str, headers: dict[str, str], reached: Callable[[dict]
     def reached_so_far(batch: dict) -> bool:
         assert reached(batch) or batch["status"] in statuses_before, batch
         return reached(batch)
-    return polled(lambda: httpx.get(batch_url, headers=headers).json(), reached_so_far, BATCH_WAIT_S, "batch")
+    return read_until(lambda: httpx.get(batch_url, headers=headers).json(), reached_so_far, BATCH_WAIT_S,
+                      "batch", pause_s=0.5)
 
 
 def test_a_tenant_s_files_and_batches_are_its_own_and_its_batch_counts_in_its_usage(url, keys):
@@ -380,7 +368,8 @@ def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_
     def back(answer: httpx.Response) -> bool:  # its clients reconnect on their next commands
         assert answer.status_code == 200 or answer.json()["error"]["code"] == "rate_limit_unavailable"
         return answer.status_code == 200
-    polled(lambda: complete(url, alpha), back, REDIS_BACK_S, "the service did not come back with Redis")
+    read_until(lambda: complete(url, alpha), back, REDIS_BACK_S, "the service did not come back with Redis",
+               pause_s=0.5)
 
 
 def online_choices(url: str, headers: dict[str, str], prompts: list[list[int]]) -> list[dict]:

@@ -13,9 +13,16 @@ REPORT_S = 2.5  # Ray's metrics report interval in the tests, and a little
 
 def poll_until(condition: Callable[[], T], limit_s: float, what: str, pause_s: float = 0.1) -> T:
     """`condition()`'s first true value; the test fails if none comes within `limit_s`."""
+    return read_until(condition, bool, limit_s, what, pause_s)
+
+
+def read_until(read: Callable[[], T], done: Callable[[T], bool], limit_s: float, what: str,
+               pause_s: float = 0.1) -> T:
+    """`read()`'s first value that `done` holds of; the test fails, showing the last value
+    read, if none comes within `limit_s`."""
     deadline = time.monotonic() + limit_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"{what}: not within {limit_s:g} s"
+    while not done(value := read()):
+        assert time.monotonic() < deadline, f"{what}: not within {limit_s:g} s (last read: {value!r})"
         time.sleep(pause_s)
     return value
 
