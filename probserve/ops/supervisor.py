@@ -56,7 +56,10 @@ def stop(driver: subprocess.Popen) -> int:
     except subprocess.TimeoutExpired:  # Ray's node is gone (a group's signal reached it): it hangs
         pass
     left = {p.pid: p for p in tree + processes.descendants()}
-    processes.end_all(list(left.values()), END_S)
+    killed = processes.end_all(list(left.values()), END_S)
+    if killed:
+        pids = ", ".join(str(p.pid) for p in killed)
+        print(f"killed what did not end within {END_S} s of SIGTERM: pids {pids}", flush=True)
     return driver.wait()
 
 
