@@ -205,6 +205,7 @@ def assert_windowed_json(http, family: str, ids: list[int], rows: np.ndarray) ->
             np.testing.assert_allclose(top, np.sort(rows[p])[::-1][:2], atol=TOLERANCE)
 
 
+@pytest.mark.usefixtures("base_url")  # the session's service, whose replica it calls
 def test_a_replica_computes_a_bounded_run_of_windows_ahead_of_its_caller():
     """Ray Serve streams with no backpressure of its own: a stream nobody reads runs to its
     end (the token stream below), and a full-vocabulary one left every window's rows in Ray's
