@@ -1,20 +1,22 @@
 # The two commands a new user runs: `make serve` and `make test`. Each sets up what it needs.
 VENV ?= .venv
+BUILD ?= cpu
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile scripts/install.sh | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml Makefile scripts/install.sh | cksum | cut -d' ' -f1)
 CONFIG ?= deployments/local.yaml
 TEST_MODELS := tiny-llama tiny-llama3 tiny-sentencepiece tiny-llama-sibling smollm2-135m-instruct
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: venv serve test unit screenshots prepare clean servers
+.PHONY: venv serve test unit screenshots prepare clean servers gpu-smoke
 
 venv: $(STAMP)
 
 $(STAMP):
 	@echo "== setting up $(VENV) (about a minute and a half the first time)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	# The same install step as the container images (docker/): CPU build, with the test tools.
-	scripts/install.sh $(PY) cpu test
+	# The same install step as the container images (docker/): CPU build unless BUILD=gpu, with
+	# the test tools.
+	scripts/install.sh $(PY) $(BUILD) test
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 serve: venv
@@ -47,5 +49,14 @@ screenshots: venv servers
 	PROBSERVE_SCREENSHOTS=docs $(PY) -m pytest tests/e2e/test_viewer.py \
 	  tests/e2e/test_tenancy.py::test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals
 
+# One GPU's smoke test (bench/gpu_smoke.py, docs/operations.md "Running on GPUs"): with an
+# NVIDIA GPU, in a venv of the CUDA build (.venv-gpu); without one, its CPU mode in .venv.
+GPU_BUILD := $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
+SMOKE_VENV := $(if $(filter gpu,$(GPU_BUILD)),.venv-gpu,$(VENV))
+gpu-smoke:
+	$(MAKE) venv VENV=$(SMOKE_VENV) BUILD=$(GPU_BUILD)
+	$(SMOKE_VENV)/bin/probserve models prepare smollm2-135m-instruct
+	PYTHONPATH=$(CURDIR) $(SMOKE_VENV)/bin/python bench/gpu_smoke.py
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) .venv-gpu

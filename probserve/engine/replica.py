@@ -105,6 +105,10 @@ def engine_args(model: ModelConfig):
         block_size=model.kv_block_size,
         disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
         scheduling_policy="priority",  # online requests before batch work (EngineRequest.priority)
+        # On by default on CUDA: the next step is scheduled before the last one's outputs are
+        # back. The fence's worker patches are read and tested with one step after another
+        # (the CPU's way), so off until a GPU run proves them with it.
+        async_scheduling=False,
     )
 
 

@@ -164,7 +164,8 @@ def test_make_venv_runs_the_install_script():
     recipe = re.search(r"^\$\(STAMP\):\n((?:\t.*\n)+)", makefile, re.MULTILINE)
     assert recipe
     steps = [line.strip() for line in recipe.group(1).splitlines()]
-    assert "scripts/install.sh $(PY) cpu test" in steps
+    assert "scripts/install.sh $(PY) $(BUILD) test" in steps
+    assert re.search(r"^BUILD \?= cpu$", makefile, re.MULTILINE)  # `make venv`: the CPU build
     assert not [step for step in steps if "pip install" in step]
     # A changed install script makes `make venv` install again.
     stamp = re.search(r"^STAMP := .*\$\(shell cat ([^|]*)\|", makefile, re.MULTILINE)
@@ -173,4 +174,4 @@ def test_make_venv_runs_the_install_script():
 
 def test_dockerignore_leaves_out_the_local_venv_and_git():
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
-    assert {".venv", ".git"} <= ignored
+    assert {".venv", ".venv-gpu", ".git"} <= ignored

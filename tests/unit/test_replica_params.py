@@ -68,6 +68,11 @@ def test_the_kv_block_is_vllms_platform_default_unless_configured():
         ModelConfig.model_validate({"name": "tiny-llama", "kv_block_size": 0})
 
 
+def test_engines_step_one_step_after_another_as_the_patches_were_proven():
+    args = engine_args(ModelConfig.model_validate({"name": "tiny-llama"}))
+    assert args.async_scheduling is False and args.enforce_eager  # nor CUDA graphs, by default
+
+
 def test_a_cpu_hosts_kv_cache_is_sized_in_bytes_from_a_fraction_of_a_gib():
     from vllm.platforms import current_platform
 
