@@ -31,9 +31,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import yaml
+from cpu import cpu_per_request, cpu_seconds
 from load import WORKLOADS, closed_loop, run_vllm
 from prometheus_client.parser import text_string_to_metric_families
 
+from probserve.config import model_deployment_name
 from probserve.ops import local_ray
 from probserve.store.home import apply_cache_environment
 from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
@@ -207,13 +209,14 @@ class Checks:
         worst = close(logprobs["token_logprobs"][: len(prompt) - start],
                       rows[np.arange(start - 1, len(prompt) - 1), prompt[start:]], self.tolerance)
         read = poll_grown(self.metrics_url, before)
-        return f"{len(prompt) - start} positions from {start}, {read:.0f} tokens read from the cache, " \
+        return f"{len(prompt) - start} positions from {start}, {read:.0f} tokens read from prefix caches, " \
                f"largest difference {worst:.1e}"
 
     def full_vocabulary(self) -> str:
         prompt = [int(t) for t in np.random.default_rng(0).integers(100, 40000, FULL_VOCAB_POSITIONS)]
         started = time.perf_counter()
         body = {"model": SMOLLM2, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": -1}
+        before = cpu_seconds()
         with httpx.stream("POST", f"{self.url}/v1/completions", headers=NPY, json=body, timeout=600) as got:
             assert got.status_code == 200, got.read()[:300]
             chunks = got.iter_bytes()
@@ -221,6 +224,7 @@ class Checks:
             first_byte = time.perf_counter() - started
             parts.extend(chunks)
         total = time.perf_counter() - started
+        spent = cpu_per_request(before, cpu_seconds(), 1)
         rows = distributions(b"".join(parts), prompt)
         worst = close(rows, self.reference.log_softmax(prompt)[:-1], self.long_tolerance)
         echoed = post(self.url, {"prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 1}).json()
@@ -229,7 +233,7 @@ class Checks:
         size = sum(len(part) for part in parts)
         return f"{len(rows)} rows, largest difference {worst:.1e} from the reference, {agree:.1e} from " \
                f"the engine's own scores; first byte {first_byte:.2f} s, all {size / 2**20:.0f} MiB " \
-               f"in {total:.2f} s"
+               f"in {total:.2f} s{cpu_by_role(spent)}"
 
     def concurrent(self, device: str) -> str:
         """32 scoring requests and 2 full-vocabulary ones at once: every answer right."""
@@ -270,6 +274,14 @@ class GpuMemoryPeak:
         return self.peak
 
 
+def cpu_by_role(spent: dict[str, float]) -> str:
+    """CPU seconds of the model replica and vLLM's engine, where this process started them
+    (the GPU worker group's CPUs are sized from the replica's: docs/operations.md "Sizing")."""
+    model = sum(ms for role, ms in spent.items() if role == model_deployment_name(SMOLLM2)) / 1000
+    engine = sum(ms for role, ms in spent.items() if role.startswith("vLLM")) / 1000
+    return f"; CPU: the model replica {model:.2f} s, vLLM's engine {engine:.2f} s" if model else ""
+
+
 def distributions(npy: bytes, prompt: list[int]) -> np.ndarray:
     """The scored rows of a full-vocabulary .npy body, each a distribution (its log-sum-exp
     within 1e-3 of 0), one record per prompt position."""
@@ -296,7 +308,7 @@ def poll_grown(metrics_url: str, before: float, limit_s: float = 60) -> float:
     return read
 
 
-def load(table: Table, url: str, requests: int, stop_first: bool) -> None:
+def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) -> None:
     """A short closed loop at 16 clients, probserve then vLLM's server (bench/load.py): `small`
     (one prompt, again and again) and `echo128` (a sequence of its own each)."""
     plan = [("small", 16, requests), ("echo128", 16, requests)]
@@ -305,11 +317,12 @@ def load(table: Table, url: str, requests: int, stop_first: bool) -> None:
             for workload, concurrency, count in plan}
     if stop_first:
         local_ray.stop()  # its GPU memory, for vLLM's server
-    theirs = run_vllm(plan, None, 300, tuned=True)
+    theirs = run_vllm(plan, None, 300, tuned=True) if peer else {}
     for key, run in ours.items():
-        table.add(f"load: {key[0]}, {key[1]} clients", {*run["statuses"], *theirs[key]["statuses"]} == {200},
-                  f"probserve {rate(run)}; vLLM's server {rate(theirs[key])}; "
-                  f"{run['req/s'] / theirs[key]['req/s']:.2f}x")
+        statuses = {*run["statuses"], *theirs.get(key, {}).get("statuses", {})}
+        against = f"; vLLM's server {rate(theirs[key])}; {run['req/s'] / theirs[key]['req/s']:.2f}x" \
+            if peer else ""
+        table.add(f"load: {key[0]}, {key[1]} clients", statuses == {200}, f"probserve {rate(run)}{against}")
 
 
 def rate(run: dict) -> str:
@@ -322,6 +335,9 @@ def main() -> None:
     parser.add_argument("--url", help="check this running service (serving SmolLM2) instead of starting one")
     parser.add_argument("--metrics-url", default=f"http://127.0.0.1:{local_ray.METRICS_PORT}/metrics")
     parser.add_argument("--load-requests", type=int, default=200, help="per load run (0: none)")
+    parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
+                        help="the load run against vLLM's own server too (it takes a minute to start "
+                             "on a CPU)")
     parser.add_argument("--output", type=Path, default=Path("."), help="folder of the table's file")
     options = parser.parse_args()
     import torch
@@ -339,7 +355,7 @@ def main() -> None:
     table.check(f"full vocabulary, {FULL_VOCAB_POSITIONS} positions", checks.full_vocabulary)
     table.check("32 scoring requests with 2 full-vocabulary ones", lambda: checks.concurrent(device))
     if options.load_requests:
-        load(table, url, options.load_requests, stop_first=not options.url)
+        load(table, url, options.load_requests, stop_first=not options.url, peer=options.peer)
     elif not options.url:
         local_ray.stop()
     file = options.output / f"gpu-smoke-{table.device.replace(' ', '-').replace('/', '-')}.md"
