@@ -22,6 +22,7 @@ import asyncio
 import copy
 import io
 import platform
+import re
 import subprocess
 import threading
 import time
@@ -358,7 +359,8 @@ def main() -> None:
         load(table, url, options.load_requests, stop_first=not options.url, peer=options.peer)
     elif not options.url:
         local_ray.stop()
-    file = options.output / f"gpu-smoke-{table.device.replace(' ', '-').replace('/', '-')}.md"
+    options.output.mkdir(parents=True, exist_ok=True)
+    file = options.output / f"gpu-smoke-{re.sub(r'[^A-Za-z0-9._]+', '-', table.device).strip('-')}.md"
     file.write_text(table.markdown())
     print(f"\n{table.markdown()}\nwritten to {file}")
     raise SystemExit(0 if table.passed else 1)
