@@ -108,8 +108,7 @@ def environment(device: str) -> str:
     prepare_process(model)
     config = engine_args(model).create_engine_config()
     check_runner(config)  # refuses Model Runner V2, naming it
-    parts = [f"torch {torch.__version__}", f"vLLM {vllm.__version__}",
-             f"runner {'V2' if config.use_v2_model_runner else 'V1 (GPUModelRunner)'}"]
+    parts = [f"torch {torch.__version__}", f"vLLM {vllm.__version__}", "runner V1 (GPUModelRunner)"]
     if device == "cuda":
         assert torch.cuda.is_available(), "torch sees no CUDA device"
         driver = nvidia_smi("driver_version")
