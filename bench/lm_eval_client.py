@@ -7,20 +7,19 @@ words (the shape of MMLU's 5-shot prompts), kept in a folder of its own with its
 harness sends every choice as token ids with `echo: true`, `logprobs: 1`, `max_tokens: 1`, 8
 requests in flight, and scores each choice from the echoed logprobs.
 
-lm-eval is not one of probserve's dependencies: install it into the environment first.
+lm-eval comes with the test tools (`make venv`).
 
-    .venv/bin/pip install "lm-eval[api]==0.4.13"
     .venv/bin/python bench/lm_eval_client.py
 """
 
 import argparse
-import json
 import os
 import random
 import tempfile
 import time
 from pathlib import Path
 
+from lm_eval_task import write_task
 from servers import vllm_server
 from shared_context import WORDS
 
@@ -30,30 +29,14 @@ from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 PORT = 8314
 TASK = "probserve_multiple_choice"
-TASK_YAML = f"""task: {TASK}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: questions.jsonl
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-metric_list:
-  - metric: acc
-"""
 
 
-def write_task(folder: Path, count: int) -> None:
+def write_questions(folder: Path, count: int) -> None:
     rng = random.Random(0)
-    with (folder / "questions.jsonl").open("w") as out:
-        for index in range(count):
-            context = f"Question {index}. " + " ".join(rng.choice(WORDS) for _ in range(560))
-            choices = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in range(4)]
-            out.write(json.dumps({"context": context, "choices": choices, "answer": rng.randrange(4)}) + "\n")
-    yaml = TASK_YAML.replace("questions.jsonl", str(folder / "questions.jsonl"))
-    (folder / f"{TASK}.yaml").write_text(yaml)
+    docs = [{"context": f"Question {index}. " + " ".join(rng.choice(WORDS) for _ in range(560)),
+             "choices": [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in range(4)],
+             "answer": rng.randrange(4)} for index in range(count)]
+    write_task(folder, TASK, docs)
 
 
 def evaluate(url: str, folder: Path) -> tuple[float, dict]:
@@ -83,7 +66,7 @@ def main() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     prepare(SMOLLM2)
     folder = Path(tempfile.mkdtemp(prefix="probserve-lm-eval-"))
-    write_task(folder, options.questions)
+    write_questions(folder, options.questions)
     found = {}
     server = vllm_server(PORT, kv_cache_gib=1)
     try:

@@ -5,6 +5,8 @@ happens here, before any replica. The two endpoints share every check on the fie
 
 from dataclasses import dataclass
 
+from probserve.api.conversation import MessageTokens, final_message_tokens, render_chat
+from probserve.api.prompts import PromptInput
 from probserve.api.request_models import (
     ChatRequest,
     CompletionRequest,
@@ -16,7 +18,7 @@ from probserve.api.request_models import (
 from probserve.config import Capabilities, IngressConfig
 from probserve.engine.wire import Caller, EngineRequest
 from probserve.errors import invalid
-from probserve.text.pieces import Pieces, id_prompt_pieces
+from probserve.text.pieces import id_prompt_pieces
 from probserve.text.vocabulary import Vocabulary
 from probserve.vllm_constants import SAMPLING_EPS
 
@@ -30,6 +32,7 @@ class Admitted:
     engine_requests: list[EngineRequest]
     scored_tokens: int = 0  # prompt tokens whose logprobs it asks for
     full_vocab_positions: int = 0  # rows of the full vocabulary it asks for
+    final_message: MessageTokens | None = None  # chat's score_final_message
 
     @property
     def prompt_tokens(self) -> int:
@@ -52,22 +55,44 @@ def admit_completion(request: CompletionRequest, caps: Capabilities, ingress: In
 
 def admit_chat(request: ChatRequest, caps: Capabilities, ingress: IngressConfig,
                vocab: Vocabulary, caller: Caller) -> Admitted:
-    """/v1/chat/completions: every check, then the messages rendered and their engine request."""
+    """/v1/chat/completions: every check, then the messages rendered, the final message's
+    tokens found when they are scored, and the engine request."""
     check_chat(request, caps, ingress, vocab)
     bias = logit_bias(request, vocab.logits_size)
-    prompt = chat_prompt(request, vocab)
+    prompt = render_chat(request.messages, vocab, request)
     check_prompts([prompt], request, caps, "messages")
-    return Admitted([prompt], [engine_request(prompt, request, caps, caller, bias)])
+    final = (final_message_tokens(request.messages, vocab, request, prompt)
+             if request.score_final_message else None)
+    rows_from = chat_rows_from(request, final)
+    length = len(prompt.token_ids)
+    scored = 0 if rows_from is None else length - rows_from
+    check_scored_count(scored, "the conversation", caps)
+    engine = sampling_request(prompt, request, caps, caller, bias, chat_prompt_logprobs(request, final),
+                              rows_from or 0)
+    return Admitted([prompt], [engine], scored_tokens=scored, final_message=final,
+                    full_vocab_positions=length - 1 if request.prompt_logprobs == -1 else 0)
 
 
-@dataclass(frozen=True)
-class PromptInput:
-    token_ids: list[int]
-    text: str
-    # A string prompt: each token's (start, end) in `text`; None for token ids.
-    spans: list[tuple[int, int]] | None = None
-    # Token ids: each token's piece of `text`, made while decoding it.
-    pieces: Pieces | None = None
+def chat_rows_from(request: ChatRequest, final: MessageTokens | None) -> int | None:
+    """The first prompt position a chat answer scores: its `prompt_logprobs`' or its final
+    message's; None when it scores none."""
+    starts = []
+    if request.prompt_width() is not None:
+        starts.append(0 if request.prompt_logprobs == -1 else request.logprob_start_len or 0)
+    if final:
+        starts.append(final.positions.start)
+    return min(starts) if starts else None
+
+
+def chat_prompt_logprobs(request: ChatRequest, final: MessageTokens | None) -> int | None:
+    """The engine's prompt top-k for a chat answer: -1, or the widest it shows (0 with labels,
+    which the engine lists in place of a top-k)."""
+    if request.prompt_logprobs == -1:
+        return -1
+    widths = [w for w in (request.prompt_width(), request.scored_width() if final else None) if w is not None]
+    if not widths:
+        return None
+    return 0 if request.logprob_token_ids else max(widths)
 
 
 def prompt_inputs(prompt: str | list, vocab: Vocabulary, max_batch_prompts: int) -> list[PromptInput]:
@@ -94,25 +119,6 @@ def check_token_ids(token_ids: list[int], vocab: Vocabulary, param: str, where: 
     if outside is not None:
         raise invalid(param, f"token id {outside} {where} is outside the vocabulary "
                       f"(0 to {vocab.size - 1})", "invalid_token_id")
-
-
-def chat_prompt(request: ChatRequest, vocab: Vocabulary) -> PromptInput:
-    """The messages rendered with the model's own chat template, as transformers'
-    `apply_chat_template(messages, add_generation_prompt=True)` tokenizes them."""
-    return render_chat(request.messages, vocab, add_generation_prompt=True)
-
-
-def render_chat(messages: list, vocab: Vocabulary, add_generation_prompt: bool) -> PromptInput:
-    if not vocab.chat_template:
-        raise invalid("model", "this model has no chat template, so messages cannot be "
-                      "rendered: send a prompt to /v1/completions instead", "no_chat_template")
-    plain = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-             for m in messages]
-    text = vocab.tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                               tokenize=False)
-    # The template writes the special tokens itself (BOS included): add none.
-    token_ids, spans = vocab.encode(text, add_special_tokens=False)
-    return PromptInput(token_ids, text, spans)
 
 
 def prompt_name(index: int) -> str:
@@ -159,7 +165,7 @@ def check_completion(request: CompletionRequest, caps: Capabilities, ingress: In
         raise field_error("prompt_logprobs", allowed, request.prompt_logprobs)
     check_labels_alone(request, {"logprobs": request.logprobs,
                                  "prompt_logprobs": request.prompt_logprobs is not None})
-    check_streaming(request)
+    check_streaming(request, {"echo": request.echo})
     if request.best_of not in (None, request.n):
         raise invalid("best_of", f"best_of must be absent or equal to n ({request.n}), got "
                       f"{request.best_of}: choosing the best of several samples is not supported",
@@ -173,9 +179,16 @@ def check_chat(request: ChatRequest, caps: Capabilities, ingress: IngressConfig,
                vocab: Vocabulary) -> None:
     allowed = rules(caps, ingress, chat=True)
     check_sampling(request, caps, ingress, vocab, allowed)
-    if request.top_logprobs is not None and request.top_logprobs > caps.max_logprobs:
-        raise field_error("top_logprobs", allowed, request.top_logprobs)
-    check_labels_alone(request, {"top_logprobs": request.top_logprobs})
+    for field in ("top_logprobs", "prompt_logprobs"):
+        value = getattr(request, field)
+        if value is not None and value > caps.max_logprobs:
+            raise field_error(field, allowed, value)
+    check_labels_alone(request, {"top_logprobs": request.top_logprobs,
+                                 "prompt_logprobs": request.prompt_logprobs is not None})
+    check_streaming(request, {"echo": request.echo, "score_final_message": request.score_final_message})
+    if request.prompt_logprobs == -1 and request.logprob_start_len is not None:
+        raise invalid("logprob_start_len", "prompt_logprobs: -1 returns every position's whole "
+                      "distribution: leave logprob_start_len out", "invalid_combination")
     both = (request.max_tokens, request.max_completion_tokens)
     if None not in both and both[0] != both[1]:
         raise invalid("max_completion_tokens", f"max_tokens ({both[0]}) and max_completion_tokens "
@@ -193,10 +206,11 @@ def check_labels_alone(request: SamplingRequest, others: dict[str, object]) -> N
                           "invalid_combination")
 
 
-def check_streaming(request: CompletionRequest) -> None:
+def check_streaming(request: SamplingRequest, scoring: dict[str, bool]) -> None:
+    """Prompt scores come in one response: a stream carries generated tokens only."""
     if not request.stream:
         return
-    scoring = {"echo": request.echo, "prompt_logprobs": request.prompt_logprobs is not None,
+    scoring = {**scoring, "prompt_logprobs": request.prompt_logprobs is not None,
                "logprob_start_len": request.logprob_start_len is not None}
     for field, asked in scoring.items():
         if asked:
@@ -224,11 +238,10 @@ def check_prompts(prompts: list[PromptInput], request: SamplingRequest, caps: Ca
     for index, prompt in enumerate(prompts):
         check_prompt(prompt, prompt_name(index), request, caps, prompt_field)
     total = sum(len(p.token_ids) for p in prompts)
-    full_vocab = isinstance(request, CompletionRequest) and request.prompt_logprobs == -1
-    if full_vocab and total > caps.full_vocab_max_prompt_tokens:
+    if request.prompt_logprobs == -1 and total > caps.full_vocab_max_prompt_tokens:
         # The cap bounds the rows one request holds, so a batch counts as a whole.
         counted = "the prompt has" if len(prompts) == 1 else "the batch's prompts have together"
-        raise invalid("prompt", f"{counted} {total} tokens; prompt_logprobs: -1 (the full "
+        raise invalid(prompt_field, f"{counted} {total} tokens; prompt_logprobs: -1 (the full "
                       f"vocabulary) takes at most {caps.full_vocab_max_prompt_tokens} per request "
                       "(capabilities.full_vocab_max_prompt_tokens): use a top-k or split the batch",
                       "full_vocab_prompt_too_long")
@@ -248,21 +261,18 @@ def check_prompt(prompt: PromptInput, where: str, request: SamplingRequest, caps
         raise invalid(field, f"{where} has {length} tokens and {field} is {limit}: together "
                       f"they exceed the model's context of {caps.max_model_len} tokens",
                       "context_length_exceeded")
-    if isinstance(request, CompletionRequest):
-        check_scored_span(prompt, where, request, caps)
-
-
-def check_scored_span(prompt: PromptInput, where: str, request: CompletionRequest,
-                      caps: Capabilities) -> None:
-    length = len(prompt.token_ids)
     start = request.logprob_start_len
     if start is not None and start >= length:
         raise invalid("logprob_start_len", f"logprob_start_len must be below the length of "
                       f"{where} ({length} tokens), got {start}")
-    scored = scored_prompt_tokens(request, length)
+    if isinstance(request, CompletionRequest):
+        check_scored_count(scored_prompt_tokens(request, length), where, caps, prompt_field)
+
+
+def check_scored_count(scored: int, where: str, caps: Capabilities, prompt_field: str = "messages") -> None:
     if scored > caps.max_scored_tokens:
-        raise invalid("prompt", f"{where} asks to score {scored} tokens; the model scores at most "
-                      f"{caps.max_scored_tokens} per prompt (capabilities.max_scored_tokens)",
+        raise invalid(prompt_field, f"{where} asks to score {scored} tokens; the model scores at "
+                      f"most {caps.max_scored_tokens} per prompt (capabilities.max_scored_tokens)",
                       "too_many_scored_tokens")
 
 
@@ -297,11 +307,18 @@ def is_greedy(request: SamplingRequest) -> bool:
     return request.temperature < SAMPLING_EPS
 
 
-def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabilities, caller: Caller,
+def engine_request(prompt: PromptInput, request: CompletionRequest, caps: Capabilities, caller: Caller,
                    bias: dict[int, float] | None = None) -> EngineRequest:
+    """A completion prompt's engine request."""
+    return sampling_request(prompt, request, caps, caller, bias, engine_prompt_logprobs(request),
+                            first_shown_row(request))
+
+
+def sampling_request(prompt: PromptInput, request: SamplingRequest, caps: Capabilities, caller: Caller,
+                     bias: dict[int, float] | None, prompt_logprobs: int | None,
+                     prompt_rows_from: int) -> EngineRequest:
     stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
     _, limit = request.token_limit()
-    scoring = isinstance(request, CompletionRequest)
     return EngineRequest(
         prompt_token_ids=prompt.token_ids,
         max_tokens=limit or caps.max_model_len - len(prompt.token_ids),
@@ -315,8 +332,8 @@ def engine_request(prompt: PromptInput, request: SamplingRequest, caps: Capabili
         frequency_penalty=request.frequency_penalty,
         logit_bias=bias,
         logprobs=request.top_k(),
-        prompt_logprobs=engine_prompt_logprobs(request) if scoring else None,
-        prompt_rows_from=first_shown_row(request) if scoring else 0,
+        prompt_logprobs=prompt_logprobs,
+        prompt_rows_from=prompt_rows_from,
         logprob_token_ids=request.logprob_token_ids,
         tenant=caller.tenant,
         priority=caller.priority,

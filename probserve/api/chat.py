@@ -1,20 +1,26 @@
-"""/v1/chat/completions responses: engine results shaped into OpenAI's chat.completion object.
+"""/v1/chat/completions responses: engine results shaped into OpenAI's chat.completion object,
+with vLLM's additions (`prompt_logprobs` at the top level, `echo`) and the final message's
+scores (`final_message_logprobs`).
 
 Pure functions over plain data. A token's `bytes` are the UTF-8 of its piece of the content
 (probserve.text.pieces), so that they join into the content's bytes; a special token, never part
 of the content, has `bytes: null`.
 """
 
+import math
 import uuid
 
-from probserve.api.admission import PromptInput
+from probserve.api.admission import Admitted
 from probserve.api.completions import (
     choice_completions,
     completion_usage,
     finite,
+    prompt_logprobs_list,
     reported_width,
     response_head,
 )
+from probserve.api.conversation import MessageTokens
+from probserve.api.prompts import PromptInput
 from probserve.api.request_models import ChatRequest
 from probserve.engine.wire import Completion, EngineResult, PositionLogprobs
 from probserve.text.pieces import GeneratedPieces, Pieces
@@ -54,16 +60,63 @@ def generated_pieces(prompt: PromptInput, completion: Completion, vocab: Vocabul
                                                          len(completion.text))
 
 
-def chat_response(model: str, prompt: PromptInput, result: EngineResult, request: ChatRequest,
-                  vocab: Vocabulary) -> dict:
-    completions = choice_completions(result, request.n)
+def echoed(request: ChatRequest) -> str:
+    """What echo puts before each choice's content: the final message's text when the answer
+    continues its role, as vLLM does."""
+    last = request.messages[-1]
+    return last.text() if request.echo and last.role == request.response_role() else ""
+
+
+def scored_token(entries: PositionLogprobs, position: int, piece: str, offset: int, width: int,
+                 vocab: Vocabulary) -> dict:
+    token_id, logprob, rank = entries.actual(position)
+    return {"token": piece, "token_id": token_id, "text_offset": offset, "logprob": finite(logprob),
+            "rank": rank, "bytes": list(piece.encode()),
+            "top_logprobs": candidates(entries, position, width, vocab)}
+
+
+def final_message_logprobs(final: MessageTokens, result: EngineResult, request: ChatRequest,
+                           vocab: Vocabulary) -> dict:
+    """Each of the final message's tokens with its piece of the message's text and the offset
+    of that piece in it, its logprob and rank, and the top k (or the labels); and their sum."""
+    width = request.scored_width()
+    entries = result.prompt_positions(width) if final else None
+    content = [scored_token(entries, position, piece, offset, width, vocab)
+               for position, piece, offset in zip(final.positions, final.pieces.tokens,
+                                                  final.pieces.offsets, strict=True)]
+    return {"role": request.messages[-1].role, "content": content,
+            "logprob_sum": math.fsum(token["logprob"] for token in content)}
+
+
+def response_members(admitted: Admitted, result: EngineResult, request: ChatRequest,
+                     vocab: Vocabulary) -> dict:
+    """Everything after the head; `prompt_logprobs` but for the full vocabulary, which its
+    body streams (probserve.fullvocab.response)."""
+    prompt = admitted.prompts[0]
+    role, echo = request.response_role(), echoed(request)
     choices = [
         {"index": index,
-         "message": {"role": "assistant", "content": completion.text},
+         "message": {"role": role, "content": echo + completion.text},
          "logprobs": choice_logprobs(completion, generated_pieces(prompt, completion, vocab),
                                      request, vocab),
          "finish_reason": completion.finish_reason}
-        for index, completion in enumerate(completions)
+        for index, completion in enumerate(choice_completions(result, request.n))
     ]
-    return {**response_head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", model), "choices": choices,
-            "usage": completion_usage([prompt], [result], request.n)}
+    members = {"choices": choices, "usage": completion_usage([prompt], [result], request.n)}
+    width = request.prompt_width()
+    if width is not None and request.prompt_logprobs != -1:
+        members["prompt_logprobs"] = prompt_logprobs_list(result.prompt_positions(width), width, vocab,
+                                                          request.logprob_start_len or 0)
+    if admitted.final_message is not None:
+        members["final_message_logprobs"] = final_message_logprobs(admitted.final_message, result,
+                                                                   request, vocab)
+    return members
+
+
+def chat_head(model: str) -> dict:
+    return response_head(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", model)
+
+
+def chat_response(model: str, admitted: Admitted, result: EngineResult, request: ChatRequest,
+                  vocab: Vocabulary) -> dict:
+    return {**chat_head(model), **response_members(admitted, result, request, vocab)}

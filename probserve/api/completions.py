@@ -6,7 +6,8 @@ Pure functions over plain data; the ingress deployment wires them to HTTP and th
 import time
 import uuid
 
-from probserve.api.admission import PromptInput, span_start
+from probserve.api.admission import span_start
+from probserve.api.prompts import PromptInput
 from probserve.api.request_models import CompletionRequest, SamplingRequest
 from probserve.engine.wire import Completion, EngineResult, PositionLogprobs
 from probserve.text.pieces import GeneratedPieces, Pieces, string_pieces
@@ -103,9 +104,10 @@ def add_generated(builder: LogprobsBuilder, completion: Completion, pieces: Gene
     builder.add_all(completion.logprobs, range(len(ids)), ids, pieces.add(ids, text_end))
 
 
-def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary) -> list:
-    """vLLM's shape: position 0 null, then {token id: {logprob, rank, decoded_token}}."""
-    return [prompt_logprobs_at(entries, p, k, vocab) if entries.is_scored(p) else None
+def prompt_logprobs_list(entries: PositionLogprobs, k: int, vocab: Vocabulary, start: int = 0) -> list:
+    """vLLM's shape: position 0 (and those before `start`) null, then {token id: {logprob,
+    rank, decoded_token}}."""
+    return [prompt_logprobs_at(entries, p, k, vocab) if p >= start and entries.is_scored(p) else None
             for p in range(len(entries))]
 
 

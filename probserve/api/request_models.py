@@ -8,7 +8,7 @@ Every endpoint's request model derives from StrictRequest and is parsed by `pars
 from typing import Annotated, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from probserve.errors import APIError, invalid
 
@@ -50,7 +50,10 @@ class SamplingRequest(StrictRequest):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-
+    # Prompt scores: as vLLM names them on both endpoints.
+    echo: bool = False
+    prompt_logprobs: int | None = Field(None, ge=-1)
+    logprob_start_len: int | None = Field(None, ge=0)
 
     def token_limit(self) -> tuple[str, int | None]:
         """The field that bounds the generated tokens, and its value."""
@@ -60,9 +63,6 @@ class SamplingRequest(StrictRequest):
 class CompletionRequest(SamplingRequest):
     prompt: Prompt
     logprobs: int | None = Field(None, ge=0)
-    echo: bool = False
-    prompt_logprobs: int | None = Field(None, ge=-1)
-    logprob_start_len: int | None = Field(None, ge=0)
     # Accepted for OpenAI compatibility when they ask for what the service does anyway.
     best_of: int | None = Field(None, ge=1)
     suffix: str | None = None
@@ -87,13 +87,31 @@ class ChatMessage(StrictRequest):
 
 
 Messages = Annotated[list[ChatMessage], Field(min_length=1)]
+# Variables for the chat template, as vLLM's chat_template_kwargs.
+TemplateKwargs = Annotated[dict[str, JsonValue], Field(max_length=32)]
 
 
-class ChatRequest(SamplingRequest):
+class ChatTemplateOptions(StrictRequest):
+    """How messages are rendered, as vLLM names the options on /tokenize and chat."""
+
+    # Default: the assistant's opening, unless the final message is continued.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+    chat_template_kwargs: TemplateKwargs | None = None
+
+    def generation_prompt(self) -> bool:
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
+
+
+class ChatRequest(SamplingRequest, ChatTemplateOptions):
     messages: Messages
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
+    # The final message's tokens scored, each with its piece of the message's text.
+    score_final_message: bool = False
 
     def top_k(self) -> int | None:
         """`top_logprobs > 0` turns `logprobs` on, as labels do."""
@@ -101,22 +119,38 @@ class ChatRequest(SamplingRequest):
             return self.top_logprobs or 0
         return None
 
+    def scored_width(self) -> int:
+        """Entries a scored prompt position lists after its token: the labels, or the top k."""
+        return len(self.logprob_token_ids) if self.logprob_token_ids else self.top_logprobs or 0
+
+    def prompt_width(self) -> int | None:
+        """The width of the response's `prompt_logprobs`, or None: not asked. Echo (and a
+        span) score the prompt at the top_logprobs width, as vLLM does for echo."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.scored_width() if self.echo or self.logprob_start_len is not None else None
+
+    def response_role(self) -> str:
+        """As vLLM: the assistant's after its opening, else the final message's role."""
+        return "assistant" if self.generation_prompt() else self.messages[-1].role
+
     def token_limit(self) -> tuple[str, int | None]:
         if self.max_completion_tokens is not None:
             return "max_completion_tokens", self.max_completion_tokens
         return "max_tokens", self.max_tokens
 
 
-class TokenizeRequest(StrictRequest):
-    """vLLM's POST /tokenize: a prompt, or chat messages rendered with the model's template."""
+class TokenizeRequest(ChatTemplateOptions):
+    """vLLM's POST /tokenize: a prompt, or chat messages rendered with the model's template.
+    `model` may be left out where the caller has one model."""
 
     model: str
     prompt: str | None = None
     messages: Messages | None = None
-    # Defaults: the tokenizer's special tokens for a prompt (as /v1/completions adds them);
-    # the assistant's opening for messages (as /v1/chat/completions renders them).
+    # Default: the tokenizer's special tokens for a prompt (as /v1/completions adds them); none
+    # on top of the chat template's for messages (as /v1/chat/completions renders them).
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool | None = None
+    return_token_strs: bool = False
 
 
 class DetokenizeRequest(StrictRequest):
@@ -138,7 +172,7 @@ class BatchRequest(StrictRequest):
     metadata: Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)] | None = None
 
 
-def sampling_rules(max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
+def sampling_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
     """What each shared field accepts, in words, for error messages."""
     return {
         "model": "a string naming a model from GET /v1/models",
@@ -156,17 +190,17 @@ def sampling_rules(max_n: int | str, max_label_ids: int | str) -> dict[str, str]
         "stream": "a boolean",
         "stream_options": 'an object {"include_usage": boolean}',
         "user": "a string",
+        "echo": "a boolean",
+        "prompt_logprobs": f"-1 or an integer from 0 to {max_logprobs}",
+        "logprob_start_len": "an integer of at least 0",
     }
 
 
 def completion_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
     return {
-        **sampling_rules(max_n, max_label_ids),
+        **sampling_rules(max_logprobs, max_n, max_label_ids),
         "prompt": "a string, a non-empty list of token ids, or a non-empty list of either",
         "logprobs": f"an integer from 0 to {max_logprobs}",
-        "echo": "a boolean",
-        "prompt_logprobs": f"-1 or an integer from 0 to {max_logprobs}",
-        "logprob_start_len": "an integer of at least 0",
         "best_of": "an integer of at least 1",
         "suffix": "a string",
     }
@@ -174,15 +208,22 @@ def completion_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: i
 
 MESSAGES_RULE = ('a non-empty list of {"role": "system" | "developer" | "user" | "assistant", '
                  '"content": a string or a list of {"type": "text", "text": string}}')
+TEMPLATE_RULES = {
+    "add_generation_prompt": "a boolean",
+    "continue_final_message": "a boolean",
+    "chat_template_kwargs": "an object of at most 32 variables for the chat template",
+}
 
 
 def chat_rules(max_logprobs: int | str, max_n: int | str, max_label_ids: int | str) -> dict[str, str]:
     return {
-        **sampling_rules(max_n, max_label_ids),
+        **sampling_rules(max_logprobs, max_n, max_label_ids),
+        **TEMPLATE_RULES,
         "messages": MESSAGES_RULE,
         "max_completion_tokens": "an integer of at least 1",
         "logprobs": "a boolean",
         "top_logprobs": f"an integer from 0 to {max_logprobs}",
+        "score_final_message": "a boolean",
     }
 
 
@@ -191,7 +232,8 @@ TOKENIZE_RULES = {
     "prompt": "a string",
     "messages": MESSAGES_RULE,
     "add_special_tokens": "a boolean",
-    "add_generation_prompt": "a boolean",
+    **TEMPLATE_RULES,
+    "return_token_strs": "a boolean",
 }
 DETOKENIZE_RULES = {
     "model": "a string naming a model from GET /v1/models",

@@ -13,8 +13,9 @@ from abc import ABC, abstractmethod
 import orjson
 
 from probserve.api import chat
-from probserve.api.admission import PromptInput, is_greedy
+from probserve.api.admission import is_greedy
 from probserve.api.completions import LogprobsBuilder, add_generated, reported_width, usage_counts
+from probserve.api.prompts import PromptInput
 from probserve.api.request_models import ChatRequest, CompletionRequest, SamplingRequest
 from probserve.engine.wire import Completion, EngineResult
 from probserve.text.pieces import GeneratedPieces
@@ -100,7 +101,9 @@ class ChatStream(ChoiceStream):
 
     def choice(self, index: int, completion: Completion, text_end: int | None, first: bool) -> dict:
         pieces = self.pieces[index].add(completion.token_ids.tolist(), text_end)
-        delta = {"role": "assistant", "content": completion.text} if first else {"content": completion.text}
+        delta = {"content": completion.text}
+        if first:
+            delta = {"role": self.request.response_role(), **delta}
         return {"index": index, "delta": delta,
                 "logprobs": chat.choice_logprobs(completion, pieces, self.request, self.vocab),
                 "finish_reason": completion.finish_reason}

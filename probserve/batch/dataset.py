@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from probserve.api import admission
+from probserve.api.conversation import render_chat
 from probserve.api.request_models import ChatRequest, CompletionRequest, parse_request
 from probserve.config import Capabilities, IngressConfig
 from probserve.engine.wire import Caller, EngineRequest, EngineResult
@@ -184,8 +185,9 @@ def request_body(document: object, options: ScoreOptions, vocab: Vocabulary) -> 
     """The completion request a document stands for: a text or token ids as they are, chat
     messages rendered whole with the model's template (nothing generated after them)."""
     if isinstance(document, list) and document and isinstance(document[0], dict):
-        chat = parse_request(ChatRequest, {"model": options.model, "messages": document}, {})
-        document = admission.render_chat(chat.messages, vocab, add_generation_prompt=False).token_ids
+        chat = parse_request(ChatRequest, {"model": options.model, "messages": document,
+                                           "add_generation_prompt": False}, {})
+        document = render_chat(chat.messages, vocab, chat).token_ids
     body = {"model": options.model, "prompt": document, "echo": True, "max_tokens": 1,
             "temperature": 0.0, "logprobs": options.top_k}
     if options.full_vocab:

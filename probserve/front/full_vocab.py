@@ -10,9 +10,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from ray.serve.handle import DeploymentHandle
 
-from probserve.api import completions
+from probserve.api import chat, completions
 from probserve.api.admission import Admitted
-from probserve.api.request_models import CompletionRequest
+from probserve.api.request_models import ChatRequest, CompletionRequest
 from probserve.config import AppConfig
 from probserve.engine.wire import EngineResult
 from probserve.errors import APIError, overloaded
@@ -21,7 +21,7 @@ from probserve.fullvocab import npy
 from probserve.fullvocab.compression import accepts_gzip
 from probserve.fullvocab.json_rows import piece_positions
 from probserve.fullvocab.relay import full_vocab_body
-from probserve.fullvocab.response import json_parts
+from probserve.fullvocab.response import chat_json_parts, json_parts
 from probserve.fullvocab.streamed import StreamedRows
 from probserve.gate import Gate
 from probserve.observe.metrics import HeldGauge
@@ -33,7 +33,7 @@ def check_form(request: Request, full_vocab: bool) -> None:
     """The binary form exists for the full vocabulary only."""
     if npy.accepts_npy(request.headers.get("accept")) and not full_vocab:
         raise APIError(406, "not_acceptable", f"{npy.MEDIA_TYPE} is the form of "
-                       "`prompt_logprobs: -1` on /v1/completions only; accept application/json")
+                       "`prompt_logprobs: -1` only; accept application/json")
 
 
 class FullVocabResponses:
@@ -59,7 +59,7 @@ class FullVocabResponses:
                           f"{self.limits.max_full_vocab_waiting}, each for at most "
                           f"{self.limits.full_vocab_wait_s:g} s): retry later", self.limits.retry_after_s)
 
-    def body(self, request: Request, model: str, vocab: Vocabulary, body: CompletionRequest,
+    def body(self, request: Request, model: str, vocab: Vocabulary, body: CompletionRequest | ChatRequest,
              admitted: Admitted, prompts: list[StreamedRows], release: Callable[[], None],
              record: RequestRecord) -> StreamingResponse:
         """The response streamed as its prompts' windows come: `.npy` when asked by name,
@@ -71,18 +71,28 @@ class FullVocabResponses:
             return streaming_body(recorded(chunks, prompts, body.n, record), npy.MEDIA_TYPE, False,
                                   release, record)
         gzip = accepts_gzip(request.headers.get("accept-encoding"))
-        head = completions.response_head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model)
-        def choices(index: int, result: EngineResult) -> list[dict]:
-            return completions.prompt_choices(index, admitted.prompts[index], result, body, vocab)
-
         piece = self.chunk_positions if gzip else piece_positions(vocab.logits_size, self.piece_bytes)
-        parts = json_parts(head, prompts, body.n, choices,
-                           lambda results: completions.completion_usage(admitted.prompts, results, body.n),
-                           piece)
+        parts = response_parts(model, vocab, body, admitted, prompts, piece)
         chunks = full_vocab_body(parts, lambda piece: self.serializers.write.remote(model, piece, gzip),
                                  self.window, gzip)
         return streaming_body(recorded(chunks, prompts, body.n, record), "application/json", gzip,
                               release, record)
+
+
+def response_parts(model: str, vocab: Vocabulary, body: CompletionRequest | ChatRequest,
+                   admitted: Admitted, prompts: list[StreamedRows],
+                   piece: int) -> AsyncIterator[bytes | AsyncIterator]:
+    """The JSON body's parts in the endpoint's shape."""
+    if isinstance(body, ChatRequest):
+        return chat_json_parts(chat.chat_head(model), prompts[0],
+                               lambda result: chat.response_members(admitted, result, body, vocab), piece)
+    head = completions.response_head(f"cmpl-{uuid.uuid4().hex}", "text_completion", model)
+
+    def choices(index: int, result: EngineResult) -> list[dict]:
+        return completions.prompt_choices(index, admitted.prompts[index], result, body, vocab)
+
+    return json_parts(head, prompts, body.n, choices,
+                      lambda results: completions.completion_usage(admitted.prompts, results, body.n), piece)
 
 
 async def recorded(chunks: AsyncIterator[bytes], prompts: list[StreamedRows], n: int,

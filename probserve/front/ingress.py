@@ -193,10 +193,12 @@ class Ingress:
     @app.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
         call = await self.parse(request, ChatRequest, self.chat_rules)
-        check_form(request, full_vocab=False)
+        check_form(request, full_vocab=call.body.prompt_logprobs == -1)
         admitted = await self.admit_chat(call)
         if call.body.stream:
             return await self.stream(call, admitted, ChatStream)
+        if call.body.prompt_logprobs == -1:
+            return await self.full_vocab_response(request, call, admitted)
         return json_response(await self.chat_body(call, admitted))
 
     async def batch_line(self, tenant_name: str, endpoint: str, body: dict) -> dict:
@@ -259,16 +261,24 @@ class Ingress:
     async def cancel_batch(self, request: Request, batch_id: str) -> Response:
         return await self.batch.cancel(await self.tenant_name(request), batch_id)
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info(self, request: Request, model: str | None = None) -> Response:
+        """The tokenizer's configuration in vLLM's shape, of `?model=` or the caller's only
+        model (probserve.api.tokenize)."""
+        tenant = await self.tenant(request)
+        chosen = self.model(model if model is not None else self.only_model(tenant), tenant)
+        record_of(request).model = chosen.name
+        max_model_len = tenant.capabilities(chosen.capabilities).max_model_len
+        return json_response(tokenize.tokenizer_info(self.vocabularies[chosen.name], max_model_len))
+
     @app.post("/tokenize")
     async def tokenize(self, request: Request) -> Response:
-        call = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES)
-        token_ids = tokenize.tokenize(call.body, call.vocab)
-        return json_response({"count": len(token_ids), "max_model_len": call.model.capabilities.max_model_len,
-                              "tokens": token_ids})
+        call = await self.parse(request, TokenizeRequest, lambda _: TOKENIZE_RULES, model_optional=True)
+        return json_response(tokenize.tokenize_response(call.body, call.vocab, call.caps.max_model_len))
 
     @app.post("/detokenize")
     async def detokenize(self, request: Request) -> Response:
-        call = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES)
+        call = await self.parse(request, DetokenizeRequest, lambda _: DETOKENIZE_RULES, model_optional=True)
         return json_response({"prompt": tokenize.detokenize(call.body, call.vocab)})
 
     def model(self, name: str, tenant: Tenant = UNLIMITED) -> ModelConfig:
@@ -280,6 +290,15 @@ class Ingress:
             raise APIError(404, "model_not_found", f"model {name!r} does not exist; "
                            f"this service has: {known}", "model")
         return model
+
+    def only_model(self, tenant: Tenant) -> str:
+        """The model a request that names none is for: the tenant's only one (as vLLM's
+        tokenizer endpoints default to the model they serve)."""
+        names = [m.name for m in self.config.models if tenant.allows(m.name)]
+        if len(names) != 1:
+            raise invalid("model", f"model is required: there are {len(names)} models to choose from "
+                          f"({', '.join(names) or 'none'})")
+        return names[0]
 
     async def tenant(self, request: Request) -> Tenant:
         """Authenticated and within its request rate and in-flight bound, else 401 or 429."""
@@ -296,10 +315,14 @@ class Ingress:
         return admission.rules(caps, self.config.ingress, chat=True)
 
     async def parse(self, request: Request, kind: type[StrictRequest],
-                    rules: Callable[[Capabilities | None], dict[str, str]]) -> Call:
-        """The caller's tenant, then its body (`call`)."""
+                    rules: Callable[[Capabilities | None], dict[str, str]],
+                    model_optional: bool = False) -> Call:
+        """The caller's tenant, then its body (`call`); with `model_optional`, a body that names
+        no model is for the tenant's only one."""
         tenant, record = await self.tenant(request), record_of(request)
         raw = await json_object(request, self.config.ingress.max_body_bytes)
+        if model_optional and "model" not in raw:
+            raw = {**raw, "model": self.only_model(tenant)}
         return self.call(tenant, record, raw, kind, rules)
 
     def call(self, tenant: Tenant, record: RequestRecord, raw: dict, kind: type[StrictRequest],
@@ -340,7 +363,7 @@ class Ingress:
 
     async def chat_body(self, call: Call, admitted: Admitted) -> dict:
         (result,) = await self.send(call, admitted)
-        return chat.chat_response(call.model.name, admitted.prompts[0], result, call.body, call.vocab)
+        return chat.chat_response(call.model.name, admitted, result, call.body, call.vocab)
 
     async def charge(self, call: Call, admitted: Admitted) -> None:
         """The request's prompt tokens, recorded and charged to its tenant's rate."""

@@ -1,8 +1,9 @@
 """A full-vocabulary response's JSON, as parts the relay streams (probserve.fullvocab.relay):
-text as bytes, and in each choice's place of `prompt_logprobs` its prompt's chunks as the
-replica computes them, which the serializer pool writes. The arrays are far too big to hold
-as one body, and each choice's `prompt_logprobs` comes first, so that its rows leave before
-the rest of the prompt is computed: the other members follow once it is."""
+text as bytes, and in each place of `prompt_logprobs` its prompt's chunks as the replica
+computes them, which the serializer pool writes. The arrays are far too big to hold as one
+body, and `prompt_logprobs` comes first (in each choice of a completion, at the top of a chat
+completion, as vLLM places them), so that its rows leave before the rest of the prompt is
+computed: the other members follow once it is."""
 
 from collections.abc import AsyncIterator, Callable
 
@@ -31,3 +32,12 @@ async def json_parts(head: dict, prompts: list[StreamedRows], n: int,
             yield b"]," + orjson.dumps(members)[1:]
             text = b","
     yield b'],"usage":' + orjson.dumps(usage([rows.result() for rows in prompts])) + b"}"
+
+
+async def chat_json_parts(head: dict, rows: StreamedRows, members: Callable[[EngineResult], dict],
+                          piece_positions: int) -> AsyncIterator[bytes | AsyncIterator]:
+    """`head`'s members, `"prompt_logprobs":[null`, the conversation's rows in pieces of
+    `piece_positions`, `]`, then `members(result)` (the choices, the usage, ...)."""
+    yield b"{" + orjson.dumps(head)[1:-1] + b',"prompt_logprobs":[null'
+    yield pieces_of(rows.parts(last_use=True), piece_positions)
+    yield b"]," + orjson.dumps(members(rows.result()))[1:]

@@ -1,6 +1,7 @@
 // probserve's token-probability viewer. It calls the public API of the service that serves it,
 // with the caller's key, like any client: POST /v1/completions with echo (the text's scores),
-// logprob_start_len (a span), logprob_token_ids (labels); /tokenize for chat and labels.
+// logprob_start_len (a span), logprob_token_ids (labels); /tokenize for chat and labels;
+// POST /v1/chat/completions with score_final_message (a conversation's final reply).
 // No inline script or style: the page is served with a strict Content-Security-Policy, and
 // colours are set through the CSSOM, which that policy allows.
 "use strict";
@@ -88,6 +89,24 @@ async function scoreSpan(model, ids, first, last) {
     model, prompt: ids.slice(0, last + 1), logprob_start_len: first, max_tokens: 1, temperature: 0, logprobs: k,
   });
   return { model, answer, k, scores: tokenScores(answer, first, last + 1) };
+}
+
+// The final message of the conversation scored alone, in the context of the messages before
+// it: each of its tokens with its piece of the message's text and that piece's offset.
+async function scoreReply(model) {
+  const k = topK(model);
+  const messages = chatMessages();
+  const answer = await api("v1/chat/completions", {
+    model, messages, score_final_message: true, top_logprobs: k, max_tokens: 1, temperature: 0,
+    add_generation_prompt: false,
+  });
+  const text = messages.at(-1).content;
+  const scores = answer.final_message_logprobs.content.map((token, index) => ({
+    index, id: token.token_id, piece: token.token, offset: token.text_offset, logprob: token.logprob,
+    rank: token.rank, alternatives: token.top_logprobs.map((a, i) => ({ text: a.token, logprob: a.logprob, rank: i + 1 })),
+  }));
+  const title = `${model}: the final ${messages.at(-1).role} message`;
+  return { model, title, answer, k, text, end: Array.from(text).length, scores };
 }
 
 // Prompt positions start..end-1 of an answer as one object per token, whatever the request
@@ -343,7 +362,7 @@ function show(views, legends) {
   $("results").dataset.renderMs = String(performance.now() - started);
 }
 
-function scoresView(result, title = result.model) {
+function scoresView(result, title = result.title || result.model) {
   return tokenView(title, result.text, result.end, result.scores, shadeLogprob, describeScores(result.scores, result.k));
 }
 
@@ -408,6 +427,17 @@ async function scoreWhole() {
   const models = selectedModels();
   const results = await Promise.all(models.map(async (model) => scoreText(model, await promptFor(model))));
   Object.assign(state, { results, exportable: results, span: null });
+  spanChosen(null);
+  $("score-whole").hidden = true;
+  $("label-bars").replaceChildren();
+  showWhole(results);
+}
+
+// The final reply, by each model chosen. Its tokens are not the prompt's positions, so no span
+// of it is scored alone.
+async function scoreFinalReply() {
+  const results = await Promise.all(selectedModels().map(scoreReply));
+  Object.assign(state, { results: [], exportable: results });
   spanChosen(null);
   $("score-whole").hidden = true;
   $("label-bars").replaceChildren();
@@ -558,6 +588,7 @@ function start() {
   });
   $("score-labels").addEventListener("click", () => run("Scoring the labels", scoreLabels));
   $("add-message").addEventListener("click", () => addMessage());
+  $("score-reply").addEventListener("click", () => run("Scoring the final reply", scoreFinalReply));
   $("export-json").addEventListener("click", exportJson);
   $("export-csv").addEventListener("click", exportCsv);
   for (const radio of document.querySelectorAll("input[name=input-kind]")) radio.addEventListener("change", showInputKind);

@@ -57,7 +57,8 @@ def redis_server(tmp_path_factory):
 def keys(tmp_path_factory):
     """alpha: the first tiny model only, tighter caps, a request rate, two in flight; beta:
     both models, no limits; gamma: a key that gets revoked; flood: one in flight, eight
-    waiting; viewer: the first model only, three requests a minute."""
+    waiting; viewer: the first model only, three requests a minute; evaluator: the first model
+    only, no limits (lm-evaluation-harness's remote tokenizer names no model)."""
     folder = tmp_path_factory.mktemp("keys")
     secret_file, key_file = folder / "secret", folder / "keys.yaml"
     secret_file.write_text(keyring.new_secret())
@@ -67,8 +68,9 @@ def keys(tmp_path_factory):
                         limits=TenantLimits(requests_per_minute=REQUESTS_PER_MINUTE, max_in_flight=2)),
         "beta": Tenant(), "gamma": Tenant(),
         "flood": Tenant(limits=TenantLimits(max_in_flight=FLOOD_MAX_IN_FLIGHT, max_waiting=FLOOD_CLIENTS)),
-        "viewer": Tenant(models=[TINY], limits=TenantLimits(requests_per_minute=VIEWER_REQUESTS_PER_MINUTE))})
-    for name in ("alpha", "beta", "gamma", "flood", "viewer"):
+        "viewer": Tenant(models=[TINY], limits=TenantLimits(requests_per_minute=VIEWER_REQUESTS_PER_MINUTE)),
+        "evaluator": Tenant(models=[TINY])})
+    for name in ("alpha", "beta", "gamma", "flood", "viewer", "evaluator"):
         document, made[name] = keyring.create_key(document, name, secret)
     document.write(key_file)
     return {"key_file": key_file, "secret_file": secret_file, "made": made}

@@ -179,7 +179,9 @@ def test_shared_rules_hold_on_both_endpoints(http, endpoint, field, value, param
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages", "unknown_field"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]},
      "messages", "invalid_request"),
-    ({"echo": True}, "echo", "unknown_field"),
+    ({"prompt_logprobs": True}, "prompt_logprobs", "invalid_request"),
+    ({"score_final_message": 1}, "score_final_message", "invalid_request"),
+    ({"echo": True, "max_tokens": 1, "best_of": 1}, "best_of", "unknown_field"),
 ])
 def test_chat_rules(http, fields, param, code):
     response = http.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, **fields})

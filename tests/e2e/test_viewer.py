@@ -279,6 +279,30 @@ def test_chat_messages_are_scored_as_the_template_renders_them(http, page, scree
     page.screenshot(screenshots / "viewer-chat.png")
 
 
+def test_a_conversation_s_final_reply_is_scored_as_the_api_scores_it(http, page, screenshots):
+    Select(page.find("#model")).select_by_value(SMOLLM2)
+    Select(page.find("#compare-model")).select_by_value("")
+    page.find("input[name=input-kind][value=chat]").click()
+    click_and_wait(page, "#score-reply")
+    assert not page.find("#error").is_displayed(), page.find("#error").text
+    messages = page.script("return chatMessages()")
+    response = http.post("/v1/chat/completions", json={
+        "model": SMOLLM2, "messages": messages, "score_final_message": True, "top_logprobs": K,
+        "max_tokens": 1, "temperature": 0, "add_generation_prompt": False})
+    assert response.status_code == 200, response.text
+    final = response.json()["final_message_logprobs"]
+    tokens = shown(page)
+    expected = [(entry["text_offset"], entry["token"]) for entry in final["content"]]
+    assert [(t["offset"], t["piece"]) for t in tokens] == expected
+    np.testing.assert_allclose([t["logprob"] for t in tokens], [e["logprob"] for e in final["content"]],
+                               atol=TOLERANCE)
+    # The reply's text alone, its tokens covering it, and their sum as the API adds them up.
+    assert page.find("#views .tokens").text == messages[-1]["content"]
+    total = float(page.find("#views .totals").get_attribute("data-sum"))
+    assert total == pytest.approx(final["logprob_sum"], abs=TOLERANCE * len(tokens))
+    page.screenshot(screenshots / "viewer-final-reply.png")
+
+
 def test_a_long_text_renders_every_token(http, page):
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_path(SMOLLM2))
     ids = tokenizer.encode(" ".join(f"item {i} of the list reads {i * 7 % 13} words" for i in range(400)))

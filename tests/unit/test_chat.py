@@ -3,6 +3,8 @@ import orjson
 import pytest
 
 from probserve.api import admission, chat, tokenize
+from probserve.api.admission import Admitted
+from probserve.api.conversation import render_chat
 from probserve.api.request_models import ChatRequest, DetokenizeRequest, TokenizeRequest, parse_request
 from probserve.api.streaming import ChatStream
 from probserve.engine.wire import Completion, EngineResult
@@ -29,14 +31,18 @@ def generated(token_ids: list[int], finish: str = "stop") -> Completion:
     return Completion(0, np.array(token_ids, np.int32), text, finish, positions(*rows))
 
 
+def chat_prompt(request: ChatRequest, vocab=VOCAB):
+    return render_chat(request.messages, vocab, request)
+
+
 def respond(request: ChatRequest, completion: Completion) -> dict:
-    prompt = admission.chat_prompt(request, VOCAB)
+    prompt = chat_prompt(request)
     result = EngineResult(np.array(prompt.token_ids, np.int32), None, [completion])
-    return chat.chat_response("m", prompt, result, request, VOCAB)
+    return chat.chat_response("m", Admitted([prompt], []), result, request, VOCAB)
 
 
 def test_messages_are_rendered_with_the_template():
-    prompt = admission.chat_prompt(chat_request(), VOCAB)
+    prompt = chat_prompt(chat_request())
     assert prompt.text == "<user>abc<assistant>"
     assert prompt.token_ids == VOCAB.encode(prompt.text, add_special_tokens=False)[0]
 
@@ -80,13 +86,13 @@ def test_chat_refusals(fields, param, code):
 def test_no_template_no_chat():
     plain = char_vocabulary("abc")
     with pytest.raises(APIError) as caught:
-        admission.chat_prompt(chat_request(), plain)
+        chat_prompt(chat_request(), plain)
     assert (caught.value.param, caught.value.code) == ("model", "no_chat_template")
 
 
 def test_a_stream_sends_the_role_first_and_the_pieces_in_order():
     request = chat_request(stream=True, logprobs=True)
-    stream = ChatStream("m", request, [admission.chat_prompt(request, VOCAB)], VOCAB)
+    stream = ChatStream("m", request, [chat_prompt(request)], VOCAB)
     first = generated([4], finish=None)
     events = stream.events(0, EngineResult(np.array([0]), None, [first]))
     events += stream.events(0, EngineResult(np.array([0]), None, [generated([5, END])]))
@@ -101,7 +107,7 @@ def test_tokenize_a_prompt_or_messages():
         return parse_request(kind, {"model": "m", **body}, {})
     assert tokenize.tokenize(parse(TokenizeRequest, prompt="abc"), VOCAB) == [0, 1, 2]
     rendered = tokenize.tokenize(parse(TokenizeRequest, messages=MESSAGES), VOCAB)
-    assert rendered == admission.chat_prompt(chat_request(), VOCAB).token_ids
+    assert rendered == chat_prompt(chat_request()).token_ids
     assert tokenize.detokenize(parse(DetokenizeRequest, tokens=[4, 5, END]), VOCAB) == "é€<end>"
     for body in ({}, {"prompt": "a", "messages": MESSAGES}):
         with pytest.raises(APIError):
