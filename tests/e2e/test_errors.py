@@ -40,6 +40,10 @@ PROVOCATIONS = {
     "no_chat_template": ("POST", "/v1/chat/completions",
                          {"json": {"model": "tiny-sentencepiece",
                                    "messages": [{"role": "user", "content": "x"}]}}, 400, "model"),
+    "invalid_chat_template_kwargs": ("POST", "/v1/chat/completions",
+                                     {"json": {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                               "chat_template_kwargs": {"tokenize": True}}},
+                                     400, "chat_template_kwargs"),
     "model_not_found": ("POST", "/v1/completions", {"json": {"model": "nope", "prompt": "x"}}, 404,
                         "model"),
     "not_found": ("GET", "/v1/nothing-here", {}, 404, None),
@@ -65,6 +69,9 @@ PROVOCATIONS = {
 }
 # Codes that no well-behaved request can provoke from a healthy service; unit-tested instead.
 NOT_PROVOKABLE_OVER_HTTP = {"internal_error", "not_ready"}
+# Codes that a model's chat template provokes, which no test model's does (none raises, and
+# each writes a message's text as sent): tests/unit/test_conversation.py.
+PROVOKED_BY_TEMPLATES = {"chat_template_error", "final_message_not_found"}
 # Codes that only many requests together provoke: tests/e2e/test_overload.py.
 PROVOKED_BY_BURSTS = {"overloaded"}
 # Codes of batches and their files: tests/e2e/test_batch.py (tenant_removed: the unit tests).
@@ -81,7 +88,7 @@ def documented_codes() -> set[str]:
 
 def test_every_documented_code_is_tested():
     assert documented_codes() == (set(PROVOCATIONS) | NOT_PROVOKABLE_OVER_HTTP | PROVOKED_BY_BURSTS
-                                  | PROVOKED_WITH_KEYS | PROVOKED_BY_BATCHES)
+                                  | PROVOKED_WITH_KEYS | PROVOKED_BY_BATCHES | PROVOKED_BY_TEMPLATES)
 
 
 @pytest.mark.parametrize("code", sorted(PROVOCATIONS))

@@ -77,7 +77,7 @@ def test_keys_are_required_and_checked(url, keys):
     assert (missing.status_code, missing.json()["error"]["code"]) == (401, "missing_api_key")
     wrong = complete(url, {"authorization": "Bearer psk_0123456789ab_notakey"})
     assert (wrong.status_code, wrong.json()["error"]["code"]) == (401, "invalid_api_key")
-    for path in ("/v1/models", "/v1/usage"):
+    for path in ("/v1/models", "/v1/usage", "/tokenizer_info"):
         assert httpx.get(f"{url}{path}").status_code == 401
     assert httpx.post(f"{url}/tokenize", json={"model": TINY, "prompt": "a"}).status_code == 401
     assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/livez").status_code == 200
@@ -109,6 +109,12 @@ def test_a_tenant_sees_scores_and_learns_of_its_models_only(url, keys):
         absent.json()["error"]["message"].replace("no-such-model", "X")
     tokenized = httpx.post(f"{url}/tokenize", headers=alpha, json={"model": TINY_BOS, "prompt": "a"})
     assert tokenized.status_code == 404
+    assert httpx.get(f"{url}/tokenizer_info", headers=alpha, params={"model": TINY_BOS}).status_code == 404
+    # A request that names no model is for the tenant's one model, and refused with two.
+    only = httpx.get(f"{url}/tokenizer_info", headers=as_(keys, "evaluator")).json()
+    assert (only["eos_token"], only["model_max_length"]) == ("<|im_end|>", 512)
+    two = httpx.post(f"{url}/tokenize", headers=beta, json={"prompt": "a"})
+    assert (two.status_code, two.json()["error"]["param"]) == (400, "model")
     too_many = complete(url, alpha, logprobs=3)
     assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "logprobs"
     assert complete(url, beta, logprobs=3).status_code == 200  # beta has the model's 5

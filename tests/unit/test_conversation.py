@@ -83,6 +83,14 @@ def test_a_template_that_drops_the_final_message_is_refused():
     assert (caught.value.param, caught.value.code) == ("score_final_message", "final_message_not_found")
 
 
+def test_a_template_that_refuses_the_messages_is_a_refusal():
+    refusing = char_vocabulary("abc", chat_template="{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(APIError) as caught:
+        admission.admit_chat(chat_request(), CAPS, INGRESS, refusing, CALLER)
+    assert (caught.value.param, caught.value.code) == ("messages", "chat_template_error")
+    assert "roles must alternate" in caught.value.message
+
+
 @pytest.mark.parametrize("fields, param, code", [
     ({"continue_final_message": True, "add_generation_prompt": True}, "continue_final_message",
      "invalid_combination"),
