@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from probserve.api import admission
 from probserve.api.conversation import render_chat
-from probserve.api.request_models import ChatRequest, CompletionRequest, parse_request
+from probserve.api.request_models import MESSAGES_RULE, ChatRequest, CompletionRequest, parse_request
 from probserve.config import Capabilities, IngressConfig
 from probserve.engine.wire import Caller, EngineRequest, EngineResult
 from probserve.errors import APIError, invalid
@@ -186,7 +186,7 @@ def request_body(document: object, options: ScoreOptions, vocab: Vocabulary) -> 
     messages rendered whole with the model's template (nothing generated after them)."""
     if isinstance(document, list) and document and isinstance(document[0], dict):
         chat = parse_request(ChatRequest, {"model": options.model, "messages": document,
-                                           "add_generation_prompt": False}, {})
+                                           "add_generation_prompt": False}, {"messages": MESSAGES_RULE})
         document = render_chat(chat.messages, vocab, chat).token_ids
     body = {"model": options.model, "prompt": document, "echo": True, "max_tokens": 1,
             "temperature": 0.0, "logprobs": options.top_k}

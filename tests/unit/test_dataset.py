@@ -129,6 +129,7 @@ def test_chat_messages_are_rendered_whole_with_no_reply_begun():
     ({"text": "a" * 9}, {"full_vocab": True}, "full_vocab_prompt_too_long"),
     ({"text": [1, 99]}, {}, "invalid_token_id"),
     ({"text": "ab"}, {"top_k": 6}, "invalid_request"),
+    ({"text": [{"role": "bot", "content": "ab"}]}, {}, "invalid_request"),
     ({"": invalid("input", "row 3 is not JSON", "invalid_json_line")}, {}, "invalid_json_line"),
 ])
 def test_a_document_the_api_would_refuse_is_refused_with_its_code(document, asked, code):
