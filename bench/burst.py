@@ -1,6 +1,7 @@
-"""A burst: small requests and full-vocabulary ones, all sent at the same moment to probserve
-on the embedded SmolLM2. Every request must be answered or refused (503 with Retry-After)
-within a bound in time, and the small ones must not wait behind the full-vocabulary work.
+"""A burst: small requests (each of a prompt of its own) and full-vocabulary ones, all sent at
+the same moment to probserve on the embedded SmolLM2. Every request must be answered or refused
+(503 with Retry-After) within a bound in time, and the small ones must not wait behind the
+full-vocabulary work.
 
 Reports, for each kind: answered and refused, the latest answer's first byte and last byte,
 the latest refusal (seconds from the burst), the answers' p50 and p99 to the last byte.
@@ -17,10 +18,11 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from load import median_and_p99, probserve_serving, small
+from load import distinct, median_and_p99, probserve_serving
 
 from probserve.store.model_store import SMOLLM2
 
@@ -61,16 +63,17 @@ def refusal_message(body: bytes) -> str:
         return f"not an error envelope: {body[:200]!r}"
 
 
-async def burst(url: str, kinds: dict[str, tuple[int, dict]], timeout_s: float, mixed: bool) -> dict:
-    """Every request of every kind sent at once: the kinds in turn, or mixed in a random
-    (seeded) order."""
+async def burst(url: str, kinds: dict[str, tuple[int, Callable[[], dict]]], timeout_s: float,
+                mixed: bool) -> dict:
+    """Every request of every kind sent at once (each kind's bodies made by its function): the
+    kinds in turn, or mixed in a random (seeded) order."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
-        await asyncio.gather(*(timed(client, small()) for _ in range(4)))  # warm-up
+        await asyncio.gather(*(timed(client, distinct()) for _ in range(4)))  # warm-up
         order = [kind for kind, (count, _) in kinds.items() for _ in range(count)]
         if mixed:
             random.Random(0).shuffle(order)
-        sent = [(kind, asyncio.create_task(timed(client, kinds[kind][1]))) for kind in order]
+        sent = [(kind, asyncio.create_task(timed(client, kinds[kind][1]()))) for kind in order]
         outcomes: dict[str, list] = {kind: [] for kind in kinds}
         for kind, task in sent:
             outcomes[kind].append(await task)
@@ -98,8 +101,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120, help="seconds a client waits at most")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
-    kinds = {"small": (options.small, small()),
-             "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256())}
+    kinds = {"small": (options.small, distinct),
+             "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256)}
     with probserve_serving(options.config) as url:
         outcomes = asyncio.run(burst(url, kinds, options.timeout, mixed=not options.in_turn))
     print("| requests | sent | answered | refused | other | last answer, first / last byte | last refusal "

@@ -309,9 +309,9 @@ def poll_grown(metrics_url: str, before: float, limit_s: float = 60) -> float:
 
 
 def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) -> None:
-    """A short closed loop at 16 clients, probserve then vLLM's server (bench/load.py): `small`
-    (one prompt, again and again) and `echo128` (a sequence of its own each)."""
-    plan = [("small", 16, requests), ("echo128", 16, requests)]
+    """A short closed loop at 16 clients, probserve then vLLM's server (bench/load.py): `distinct`
+    (a small request of a prompt of its own each) and `echo128` (a sequence of its own each)."""
+    plan = [("distinct", 16, requests), ("echo128", 16, requests)]
     ours = {(workload, concurrency): asyncio.run(closed_loop(url, SMOLLM2, WORKLOADS[workload], concurrency,
                                                              count, 300)).report()
             for workload, concurrency, count in plan}

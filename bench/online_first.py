@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import orjson
-from load import open_loop, probserve_serving, small
+from load import distinct, open_loop, probserve_serving
 
 from probserve.store.model_store import SMOLLM2
 
@@ -57,7 +57,7 @@ def finished(client: httpx.Client, batch_id: str) -> dict:
 
 def online(url: str, options: argparse.Namespace) -> dict:
     random.seed(0)  # the same arrivals in every phase
-    return asyncio.run(open_loop(url, SMOLLM2, small, options.rate, options.online_requests, 600)).report()
+    return asyncio.run(open_loop(url, SMOLLM2, distinct, options.rate, options.online_requests, 600)).report()
 
 
 def measure(priority: int, options: argparse.Namespace) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import psutil
 from cpu import process_role
-from load import median_and_p99, probserve_serving, small
+from load import distinct, median_and_p99, probserve_serving
 
 from probserve.ops import local_ray
 from probserve.store.model_store import SMOLLM2
@@ -55,7 +55,7 @@ async def small_latencies(client: httpx.AsyncClient, seconds: float, clients: in
     async def one_client():
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            response = await client.post("/v1/completions", json={"model": SMOLLM2, **small()})
+            response = await client.post("/v1/completions", json={"model": SMOLLM2, **distinct()})
             assert response.status_code == 200, response.text
             latencies.append(time.perf_counter() - started)
     await asyncio.gather(*(one_client() for _ in range(clients)))
