@@ -5,6 +5,7 @@ without BOS, Llama 3's, which trims each message, and SmolLM2's own), checked ag
 reference and against /tokenize + /v1/completions on the same ids."""
 
 import gzip
+import io
 import math
 
 import numpy as np
@@ -151,6 +152,21 @@ def test_the_full_vocabulary_of_a_conversation(http, reference):
     assert body["final_message_logprobs"]["logprob_sum"] == pytest.approx(
         top_k["final_message_logprobs"]["logprob_sum"], abs=1e-4)
     assert body["object"] == "chat.completion" and len(body["choices"]) == 1
+
+
+def test_the_full_vocabulary_of_a_conversation_as_npy(http, reference):
+    """The binary form, as on /v1/completions: a record per position, in token-id order."""
+    ids = post(http, "/tokenize", model=MODEL, messages=CONVERSATION)["tokens"]
+    request = {"model": MODEL, "messages": CONVERSATION, "max_tokens": 1, "prompt_logprobs": -1}
+    with http.stream("POST", "/v1/chat/completions", json=request,
+                     headers={"accept": "application/x-npy"}) as response:
+        raw = b"".join(response.iter_raw())
+    assert response.status_code == 200, raw[:300]
+    assert response.headers["content-type"] == "application/x-npy"
+    records = np.load(io.BytesIO(raw))
+    assert records["token_id"].tolist() == ids and records["position"].tolist() == list(range(len(ids)))
+    assert np.isnan(records["logprobs"][0]).all()
+    np.testing.assert_allclose(records["logprobs"][1:], reference.prompt_rows(ids)[1:], atol=TOLERANCE)
 
 
 @pytest.mark.parametrize("fields, status, param, code", [
