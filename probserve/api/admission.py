@@ -78,7 +78,7 @@ def chat_rows_from(request: ChatRequest, final: MessageTokens | None) -> int | N
     message's; None when it scores none."""
     starts = []
     if request.prompt_width() is not None:
-        starts.append(0 if request.prompt_logprobs == -1 else request.logprob_start_len or 0)
+        starts.append(request.logprob_start_len or 0)  # never set with -1 (check_chat)
     if final:
         starts.append(final.positions.start)
     return min(starts) if starts else None
