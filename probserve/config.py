@@ -83,9 +83,12 @@ class ModelConfig(Strict):
     # less of a shared context to compute again.
     kv_block_size: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    # Requests one replica hands its engine at once: vLLM batches them, so this is what lets a
-    # replica fill a batch; beyond it requests wait in the ingress's router.
-    max_ongoing_requests: int = Field(64, ge=1)
+    # Requests one replica hands its engine at once: vLLM batches them, so more clients make
+    # bigger engine steps up to this many (vLLM's own server: up to its max_num_seqs, 128 on a
+    # CPU, 256 to 1,024 on a GPU); beyond it requests wait in the ingress's router. vLLM's
+    # scheduler keeps them within the KV cache. Its cost is time: a request let in may wait
+    # behind this many in the engine, after up to max_queue_wait_s in the router.
+    max_ongoing_requests: int = Field(128, ge=1)
     # Requests waiting for a replica beyond those, per ingress replica; more are refused with
     # 503 `overloaded`.
     max_queued_requests: int = Field(128, ge=0)
@@ -93,12 +96,14 @@ class ModelConfig(Strict):
     # it: beyond, 503 `overloaded` at once, and its place goes to the next. A burst is answered
     # or refused within a bound. A model scaled to zero waits for the replica its request wakes.
     max_queue_wait_s: float = Field(30, gt=0)
-    # The router tries again to place a request that found every replica full after 25 ms,
-    # doubling up to this (Ray Serve's default, 0.5 s), with two such tries per replica and
-    # no wake-up when a place frees: at 0.5 s a burst's backlog drained at about seven
-    # requests a second, and its queue-wait refusals came up to 34 s late (docs/benchmarks.md,
-    # "A bound in time, kept"). Each try asks the replicas their queue lengths.
-    router_max_backoff_s: float = Field(0.05, gt=0)
+    # A request that found every replica full waits in the ingress's router until one of the
+    # router's requests ends and frees a place (probserve.front.replica_router), or for this
+    # long at most, then asks the replicas their queue lengths: the places that other callers
+    # (other ingress replicas, batch and dataset work) free are found that way only, and so
+    # is the place of a woken request that a replica refused while it was still finishing the
+    # request that ended. Each wait is this long (Serve's own backoff starts at 25 ms and
+    # doubles up to 0.5 s): every wait that ends unwoken asks each full replica again.
+    router_max_backoff_s: float = Field(0.1, gt=0)
     # Background requests (batch lines, dataset documents) go into a replica's engine only
     # while no online request is in it, this many at a time, and a prompt with rows (echo,
     # prompt_logprobs) `background_window` positions at a time (rounded down to whole KV

@@ -57,6 +57,14 @@ Ray Serve's:
    use), set on engine steps only, vanished from Prometheus seconds after the engine went
    idle. vLLM's Ray stat logger is subclassed with gauges whose `set` holds the value, set
    again every report interval, which is read from Ray's private `_config`.
+9. Requests waiting for a place on a replica are woken when one frees
+   (probserve.front.replica_router.PlaceLine): Serve's router retries a request that found
+   every replica full after a backoff, asking the full replicas their queue lengths each
+   time. The same subclass as item 6 sleeps the backoff in a line that the end of one of the
+   router's requests wakes in order (the longest waiter first); asks a replica that its
+   queue-length cache says is full only after a wait that nothing woke; lets a request given
+   a place be sent (and counted) before it chooses for the next; and chooses, when Serve's
+   two random replicas are both full, two that the cache says have room.
 
 The runner, on every platform:
 
@@ -122,6 +130,7 @@ class TouchPoint:
         return self.qualname.rsplit(".", 1)[1]
 
 
+SERVE_ROUTER = "ray.serve._private.request_router.request_router"
 TOUCH_POINTS = (
     TouchPoint("vllm.v1.engine.logprobs", "LogprobsProcessor._update_prompt_logprobs",
                ("self", "prompt_logprobs_tensors"),
@@ -153,14 +162,27 @@ TOUCH_POINTS = (
     TouchPoint("ray.serve._private.request_router.pow_2_router",
                "PowerOfTwoChoicesRequestRouter.choose_replicas",
                ("self", "candidate_replicas", "pending_request"),
-               "subclassed, not patched: Serve's default router, for the model deployments (item 6)"),
-    TouchPoint("ray.serve._private.request_router.request_router", "RequestRouter.create_replica_wrapper",
+               "subclassed: Serve's default router, for the model deployments (items 6, 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter.create_replica_wrapper",
                ("self", "replica_info"), "overridden: its replicas are BoundedStreamReplica (item 6)"),
     TouchPoint("ray.serve._private.request_router.replica_wrapper", "RunningReplica.try_send_request",
                ("self", "pr", "with_rejection"), "overridden: full-vocabulary calls sent bounded (item 6)"),
     TouchPoint("ray.serve._private.request_router.replica_wrapper", "ActorReplicaWrapper.send_request_python",
                ("self", "pr", "with_rejection"),
                "called, not patched: Serve's send, on an actor handle that adds the backpressure (item 6)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._backoff", ("self", "attempt"),
+               "overridden: a waiting request sleeps in a PlaceLine, woken when a place frees (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter.decrement_queue_len_cache", ("self", "replica_id"),
+               "overridden: a request of the router ended, a place freed: wakes the longest waiter (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._select_from_candidate_replicas",
+               ("self", "candidates", "backoff_index"),
+               "overridden: full replicas by the cache asked again only after an unwoken wait (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter.update_replicas", ("self", "replicas"),
+               "overridden: new replicas wake every waiter (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter.select_available_replicas", ("self", "candidates"),
+               "called, not patched: the replicas with room by the queue-length cache (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._compute_backoff_s", ("self", "attempt"),
+               "called, not patched: Serve's backoff, the longest a waiter sleeps unwoken (item 9)"),
     TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
                "overridden: vLLM's engine gauges held between engine steps (item 7)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
@@ -181,7 +203,7 @@ COPIED_CONSTANTS = {
     "NEG_INF_LOGPROB": (NEG_INF_LOGPROB, "vllm.entrypoints.openai.chat_completion.protocol",
                         "ChatCompletionLogProb.logprob"),
 }
-# Ray: item 6 subclasses Serve's request router and its replica; Serve's proxy callback is set
+# Ray: items 6 and 9 subclass Serve's request router and its replica; Serve's proxy callback is set
 # through its documented environment variable (probserve.ops.local_ray), and the lost-replica
 # handling reads the Serve controller's details of its applications (the dict `serve.status()`
 # is made from, through its client) and Serve's exceptions; item 7 reads the report interval

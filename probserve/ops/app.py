@@ -28,7 +28,7 @@ def build_app(args: dict, replica: Deployment | None = None) -> Application:
             health_check_period_s=model.health_check_period_s,
             health_check_timeout_s=model.health_check_timeout_s,
             request_router_config=RequestRouterConfig(
-                max_backoff_s=model.router_max_backoff_s,
+                initial_backoff_s=model.router_max_backoff_s, max_backoff_s=model.router_max_backoff_s,
                 request_router_class=BoundedStreamRouter,
                 request_router_kwargs={"stream_items_ahead": stream_items_ahead(
                     model.largest_full_vocab_window(), config.serializer_pool.chunk_positions)}),

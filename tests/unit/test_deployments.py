@@ -59,7 +59,9 @@ def test_the_file_builds_what_it_says(path):
         assert_deployed_as(deployment, model.autoscaling_config, model.ray_actor_options,
                            model.max_ongoing_requests)
         assert deployment.max_queued_requests == model.max_queued_requests
-        assert deployment._deployment_config.request_router_config.max_backoff_s == model.router_max_backoff_s
+        router = deployment._deployment_config.request_router_config
+        # A wait in the router is as long each time: the end of a request wakes it sooner.
+        assert router.initial_backoff_s == router.max_backoff_s == model.router_max_backoff_s
 
 
 def test_production_places_models_on_their_groups_and_the_rest_on_cpu_nodes():
