@@ -28,6 +28,18 @@ Autoscaling = Annotated[dict[str, Any], AfterValidator(checked_autoscaling)]
 ONE_REPLICA = {"min_replicas": 1, "max_replicas": 1}
 
 
+def autoscaling_of(deployment: str) -> Any:
+    """A deployment's `autoscaling_config` key: one replica unless configured."""
+    return Field(ONE_REPLICA, description=f"Ray Serve's autoscaling of {deployment} "
+                 "(`min_replicas`, `max_replicas`, `target_ongoing_requests`, ...), checked at load")
+
+
+def actor_options_of(deployment: str, num_cpus: float) -> Any:
+    """A deployment's `ray_actor_options` key."""
+    return Field({"num_cpus": num_cpus}, description=f"Ray's actor options of {deployment}: "
+                 "CPUs, GPUs, memory, custom resources (a node group)")
+
+
 def model_deployment_name(model_name: str) -> str:
     """The Serve deployment of a model's replicas."""
     return f"Model-{model_name}"
@@ -130,10 +142,8 @@ class ModelConfig(Strict):
                                          "replica for its engine's health")
     health_check_timeout_s: float = Field(30, gt=0, description="a replica that fails its "
                                           "health check, or takes longer than this, is replaced")
-    autoscaling_config: Autoscaling = Field(ONE_REPLICA, description="Ray Serve's autoscaling "
-                                            "of the replicas, checked at load")
-    ray_actor_options: dict[str, Any] = Field({"num_cpus": 1}, description="Ray's actor "
-                                              "options of each replica (CPUs, GPUs, resources)")
+    autoscaling_config: Autoscaling = autoscaling_of("the model's replicas")
+    ray_actor_options: dict[str, Any] = actor_options_of("each replica", num_cpus=1)
     scored_cache: ScoredCacheConfig = ScoredCacheConfig()
     full_vocab_window: int = Field(
         128, ge=1, description="prompt positions of full-vocabulary rows computed at a time, "
@@ -184,10 +194,8 @@ class IngressConfig(Strict):
         "(checked at load)")
     ui: bool = Field(True, description="the token-probability viewer at /ui; false: /ui "
                      "answers 404 `not_found`")
-    autoscaling_config: Autoscaling = Field(ONE_REPLICA, description="Ray Serve's autoscaling "
-                                            "of the ingress, checked at load")
-    ray_actor_options: dict[str, Any] = Field({"num_cpus": 0.25}, description="Ray's actor "
-                                              "options of each ingress replica")
+    autoscaling_config: Autoscaling = autoscaling_of("the ingress")
+    ray_actor_options: dict[str, Any] = actor_options_of("each ingress replica", num_cpus=0.25)
 
 
 class SerializerPoolConfig(Strict):
@@ -208,10 +216,8 @@ class SerializerPoolConfig(Strict):
         "worker is a core's work) and holds the next ready, to start the moment the first ends")
     niceness: int = Field(10, ge=0, le=19, description="the workers' nice value: on shared "
                           "cores the engines, the ingress and the proxy go first; 0: as equals")
-    autoscaling_config: Autoscaling = Field(ONE_REPLICA, description="Ray Serve's autoscaling "
-                                            "of the workers, checked at load")
-    ray_actor_options: dict[str, Any] = Field({"num_cpus": 0.5}, description="Ray's actor "
-                                              "options of each worker")
+    autoscaling_config: Autoscaling = autoscaling_of("the workers")
+    ray_actor_options: dict[str, Any] = actor_options_of("each worker", num_cpus=0.5)
 
 
 class BatchConfig(Strict):
@@ -230,8 +236,7 @@ class BatchConfig(Strict):
         1, ge=0, description="vLLM's scheduling priority of batch lines and dataset documents, "
         "lower first: above 0, online requests (0) go first and background work takes what "
         "they leave; 0: as equals")
-    ray_actor_options: dict[str, Any] = Field({"num_cpus": 0.1}, description="Ray's actor "
-                                              "options of the batch runner (one replica)")
+    ray_actor_options: dict[str, Any] = actor_options_of("the batch runner (one replica)", num_cpus=0.1)
 
     def root(self) -> Path:
         return Path(self.storage) if self.storage else probserve_home() / "batch"
