@@ -53,9 +53,6 @@ from probserve.tenants.keyring import UNLIMITED, Tenant
 from probserve.tenants.usage import usage_body
 from probserve.text.vocabulary import Vocabulary
 
-# /health's model states that count as serving.
-SERVING = ("ready", "scaled to zero")
-
 # No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
 # /openapi.json is the contract, for any OpenAPI viewer.
 app = FastAPI(title="probserve", summary="Log-probabilities of text, OpenAI-compatible",
@@ -142,12 +139,13 @@ class Ingress:
         """Readiness of every model, or of one (`?model=`): 200 when ready, else 503
         `not_ready` naming the models that are not, with each model's state."""
         names = [self.model(model).name] if model is not None else [m.name for m in self.config.models]
-        states = dict(zip(names, await asyncio.gather(*map(self.engines.readiness, names))))
-        down = ", ".join(name for name, state in states.items() if state not in SERVING)
+        states = dict(zip(names, await asyncio.gather(*map(self.engines.readiness, names)), strict=True))
+        shown = {name: state.text() for name, state in states.items()}
+        down = ", ".join(name for name, state in states.items() if not state.serving)
         if not down:
-            return json_response({"status": "ok", "models": states})
+            return json_response({"status": "ok", "models": shown})
         error = not_ready(f"not ready: {down}", self.config.ingress.retry_after_s)
-        return json_response({**error.envelope(), "models": states}, error.status, error.headers)
+        return json_response({**error.envelope(), "models": shown}, error.status, error.headers)
 
     @app.get("/ui", include_in_schema=False)
     async def viewer_folder(self) -> Response:

@@ -7,6 +7,7 @@ instead, and checked again while its requests wait (probserve.observe.availabili
 
 import asyncio
 import dataclasses
+import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -27,6 +28,29 @@ from probserve.observe.request_log import RequestRecord
 LOST_CHECK_S = 0.5
 
 logger = logging.getLogger("probserve.ingress")
+
+
+class Readiness(enum.Enum):
+    """A model's state on /health."""
+
+    READY = "ready"
+    SCALED_TO_ZERO = "scaled to zero"  # its next request starts a replica
+    NO_RUNNING_REPLICA = "no running replica"
+    NO_ANSWER = "no answer"  # its health check took longer than the bound
+    UNHEALTHY = "unhealthy"  # its health check failed (its engine's)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelState:
+    readiness: Readiness
+    detail: str = ""  # what /health says in place of the state's name, where there is more
+
+    @property
+    def serving(self) -> bool:
+        return self.readiness in (Readiness.READY, Readiness.SCALED_TO_ZERO)
+
+    def text(self) -> str:
+        return self.detail or self.readiness.value
 
 
 class ReplicaClient:
@@ -133,20 +157,20 @@ class ReplicaClient:
         self.check_running(model)
         return []
 
-    async def readiness(self, name: str) -> str:
-        """"ready", "scaled to zero" (its next request starts a replica), or why not: the
-        model's health check (its engine's) within the bound. A model without replicas is not
-        asked: asking would wait for one, and wake a model scaled to zero."""
+    async def readiness(self, name: str) -> ModelState:
+        """The model's health check (its engine's) within the bound. A model without replicas
+        is not asked: asking would wait for one, and wake a model scaled to zero."""
         if await self.replica_states.known(model_deployment_name(name)) == 0:
-            return "no running replica" if self.always_on(name) else "scaled to zero"
+            always_on = self.always_on(name)
+            return ModelState(Readiness.NO_RUNNING_REPLICA if always_on else Readiness.SCALED_TO_ZERO)
         timeout_s = self.config.ingress.readiness_timeout_s
         try:
             await asyncio.wait_for(self.replicas[name].check_health.remote(), timeout_s)
         except TimeoutError:
-            return f"no answer within {timeout_s} s"
+            return ModelState(Readiness.NO_ANSWER, f"no answer within {timeout_s} s")
         except Exception as error:
-            return f"{type(error).__name__}: {error}"
-        return "ready"
+            return ModelState(Readiness.UNHEALTHY, f"{type(error).__name__}: {error}")
+        return ModelState(Readiness.READY)
 
     def always_on(self, name: str) -> bool:
         """Whether the model should always have a replica (it does not scale to zero)."""
