@@ -101,7 +101,7 @@ def environment(device: str) -> str:
     import vllm
 
     from probserve.config import ModelConfig
-    from probserve.engine.replica import engine_args, prepare_process
+    from probserve.engine.vllm_adapter import engine_args, prepare_process
     from probserve.engine.vllm_fence import check_runner
 
     model = ModelConfig.model_validate(smoke_model(device))

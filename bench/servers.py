@@ -14,7 +14,7 @@ from probserve.store.model_store import SMOLLM2, embedded_model_path
 
 # vLLM as it ships: without probserve's plugin from this environment.
 AS_SHIPPED = {"VLLM_PLUGINS": ""}
-# What a probserve replica sets too (probserve.engine.replica.prepare_process).
+# What a probserve replica sets too (probserve.engine.vllm_adapter.prepare_process).
 TUNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 RAY_SERVE_LLM_APP = "ray-serve-llm"
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from probserve.config import ModelConfig
-from probserve.engine.replica import check_queue_time, engine_args, logprob_params
+from probserve.engine.replica import check_queue_time
+from probserve.engine.vllm_adapter import engine_args, logprob_params
 from probserve.engine.vllm_fence import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
@@ -97,7 +98,7 @@ def test_importing_vllm_in_a_replica_leaves_ray_serves_log_open():
         "import logging, logging.handlers",
         "serve_log = logging.handlers.MemoryHandler(100, target=logging.StreamHandler())",
         "logging.getLogger('ray.serve').addHandler(serve_log)",
-        "from probserve.engine.replica import log_vllm_beside_serve",
+        "from probserve.engine.vllm_adapter import log_vllm_beside_serve",
         "log_vllm_beside_serve()",
         # What vLLM's engine does as it starts, with the configuration the environment gives.
         "from vllm.config.logging import LoggingConfig",

@@ -312,7 +312,7 @@ def test_prompt_rows_kept_as_arrays_list_what_vllms_own_path_lists(count):
     from vllm.v1.engine.logprobs import LogprobsProcessor
     from vllm.v1.outputs import LogprobsTensors
 
-    from probserve.engine.replica import prompt_positions
+    from probserve.engine.vllm_adapter import prompt_positions
     from probserve.engine.wire import PromptRows
 
     rng = np.random.default_rng(0)

@@ -1,0 +1,170 @@
+"""probserve's side of vLLM's engine API: the engine's arguments from a model's config, an
+EngineRequest as vLLM's SamplingParams, and vLLM's outputs as EngineResults with compact
+arrays (probserve.engine.wire) in place of vLLM's per-entry lists. What the engine's private
+parts are made to do is the fence's (probserve.engine.vllm_fence)."""
+
+import os
+import sys
+
+from probserve.config import ModelConfig
+from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS, ask_for_the_v1_runner
+from probserve.engine.wire import (
+    Completion,
+    EngineRequest,
+    EngineResult,
+    FullVocabParts,
+    PositionLogprobs,
+    PromptRows,
+    token_array,
+)
+from probserve.observe.metrics import EngineRequestStats
+from probserve.observe.request_log import separate_logger
+from probserve.store.home import apply_cache_environment
+
+
+def prepare_process(model: ModelConfig) -> None:
+    """Environment vLLM reads at start: caches in PROBSERVE_HOME, CPU cores, logging, the
+    model runner the patches are on."""
+    apply_cache_environment()
+    ask_for_the_v1_runner()
+    # By default vLLM keeps a core for itself; on small hosts inference needs them all.
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # On CUDA, vLLM samples top-k/top-p with FlashInfer, whose kernels compile at first use with
+    # the host's CUDA toolkit (none in the GPU image). Scoring seldom samples, and log-probabilities
+    # are taken before sampling: torch's sampler does it with nothing to compile.
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    log_vllm_beside_serve()
+
+
+def log_vllm_beside_serve() -> None:
+    """vLLM's loggers to stdout, without vLLM's own setup: at import it applies a
+    `logging.config.dictConfig`, which closes every handler of the process, Ray Serve's replica
+    log among them. That log's lines were lost, and a restarted Serve controller, which reads
+    the handler to recover a replica, stopped every model replica instead."""
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    separate_logger("vllm", sys.stdout, "%(levelname)s %(asctime)s [%(name)s] %(message)s")
+
+
+def engine_args(model: ModelConfig):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+
+    # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly
+    # (VLLM_CPU_KVCACHE_SPACE in the environment, whole GiB, still overrides it).
+    cpu_kv_cache = round(model.cpu_kv_cache_gib * 2**30) if current_platform.is_cpu() else None
+
+    return AsyncEngineArgs(
+        model=str(model.resolved_path()),
+        served_model_name=model.name,
+        dtype=model.dtype,
+        max_model_len=model.capabilities.max_model_len,
+        max_logprobs=-1,  # the ingress enforces the caps; -1 lets any top-k through
+        max_num_batched_tokens=model.max_num_batched_tokens,
+        enforce_eager=model.enforce_eager,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        kv_cache_memory_bytes=cpu_kv_cache,
+        block_size=model.kv_block_size,
+        disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
+        scheduling_policy="priority",  # online requests before batch work (EngineRequest.priority)
+        # On by default on CUDA: the next step is scheduled before the last one's outputs are
+        # back. The fence's worker patches are read and tested with one step after another
+        # (the CPU's way), so off until a GPU run proves them with it.
+        async_scheduling=False,
+    )
+
+
+def label_params(request: EngineRequest) -> dict:
+    """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
+    plugin (probserve.engine.vllm_fence) at prompt positions; the full vocabulary in token-id
+    order, from the request's first row."""
+    labels = request.logprob_token_ids
+    if not labels:
+        full_vocab = request.prompt_logprobs == -1
+        return {"logprobs": request.logprobs, "prompt_logprobs": request.prompt_logprobs,
+                "extra_args": {FULL_VOCAB: request.first_prompt_row()} if full_vocab else {}}
+    prompt = request.prompt_logprobs is not None
+    return {
+        "logprobs": None,  # vLLM: the labels' count stands for it
+        "logprob_token_ids": labels if request.logprobs is not None else None,
+        "prompt_logprobs": len(labels) if prompt else None,
+        "extra_args": {PROMPT_LABELS: labels} if prompt else {},
+    }
+
+
+def prefix_cache_params(request: EngineRequest) -> dict:
+    """vLLM reads no prefix cache for a request with prompt logprobs; one that shows rows from
+    position s on may read its first s - 1 tokens from it (the fence cuts the hit there)."""
+    readable = request.cache_readable_tokens()
+    if request.prompt_logprobs is None or readable == 0:
+        return {}
+    return {"skip_reading_prefix_cache": False, "extra_args": {PREFIX_CACHE_LIMIT: readable}}
+
+
+def logprob_params(request: EngineRequest) -> dict:
+    labels, cache = label_params(request), prefix_cache_params(request)
+    extra_args = {**labels.pop("extra_args"), **cache.pop("extra_args", {})}
+    return {**labels, **cache, "extra_args": extra_args or None}
+
+
+def sampling_params(request: EngineRequest, stream: bool = False):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=request.n,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stop=request.stop or None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=request.logit_bias,
+        **logprob_params(request),
+        flat_logprobs=True,
+        output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def prompt_positions(prompt) -> PositionLogprobs | None:
+    """A prompt's rows: arrays as the fence keeps them, or vLLM's own (a prompt it scored no
+    row of)."""
+    return prompt.as_positions() if isinstance(prompt, PromptRows) else compact(prompt)
+
+
+def compact(flat) -> PositionLogprobs | None:
+    if flat is None:
+        return None
+    return PositionLogprobs.from_flat(flat.start_indices, flat.end_indices, flat.token_ids,
+                                      flat.logprobs, flat.ranks)
+
+
+def queue_time(stats, sent_at: float | None) -> float | None:
+    """To reach the replica (wall clocks: the ingress's and this process's), then in the
+    engine's queue (the engine's own clock)."""
+    if stats is None or not stats.scheduled_ts or sent_at is None:
+        return None
+    return max(0.0, stats.arrival_time - sent_at) + max(0.0, stats.scheduled_ts - stats.queued_ts)
+
+
+def engine_stats(final, generated_tokens: int) -> EngineRequestStats:
+    stats = final.metrics
+    prefilled = stats is not None and stats.first_token_ts and stats.scheduled_ts
+    return EngineRequestStats(
+        prompt_tokens=len(final.prompt_token_ids), cached_tokens=final.num_cached_tokens or 0,
+        generated_tokens=generated_tokens,
+        prefill_time_s=stats.first_token_ts - stats.scheduled_ts if prefilled else None)
+
+
+def engine_result(output, sent_at: float | None) -> EngineResult:
+    completions = [
+        Completion(index=c.index, token_ids=token_array(c.token_ids), text=c.text,
+                   finish_reason=c.finish_reason, logprobs=compact(c.logprobs))
+        for c in sorted(output.outputs, key=lambda c: c.index)
+    ]
+    prompt = output.prompt_logprobs
+    full_vocab = prompt if isinstance(prompt, FullVocabParts) else None
+    return EngineResult(prompt_token_ids=token_array(output.prompt_token_ids),
+                        prompt_logprobs=None if full_vocab else prompt_positions(prompt),
+                        completions=completions, full_vocab=full_vocab,
+                        queue_time_s=queue_time(output.metrics, sent_at))
