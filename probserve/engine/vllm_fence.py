@@ -301,8 +301,14 @@ def register() -> None:
     keep_top_k_beside_labels()
 
 
-def patched(point: TouchPoint, replacement) -> None:
-    """Sets the touch point to `replacement` unless it is already ours."""
+def touch_point(qualname: str) -> TouchPoint:
+    (point,) = [point for point in TOUCH_POINTS if point.qualname == qualname]
+    return point
+
+
+def patched(qualname: str, replacement) -> None:
+    """Sets the touch point `qualname` to `replacement` unless it is already ours."""
+    point = touch_point(qualname)
     owner = point.owner()
     current = owner.__dict__[point.name]
     function = getattr(current, "__func__", current)  # a staticmethod's function
@@ -336,7 +342,7 @@ def keep_prompt_logprobs_as_arrays(chunk_positions: int) -> None:
             parts = self.prompt_logprobs.followed_by(parts)
         self.prompt_logprobs = parts
 
-    patched(TOUCH_POINTS[0], update_prompt_logprobs)
+    patched("LogprobsProcessor._update_prompt_logprobs", update_prompt_logprobs)
 
 
 class LabelCount(int):
@@ -452,10 +458,10 @@ def gather_marked_prompt_rows() -> None:
         values = ids.logprobs.new_empty((positions, int(columns) - 1))
         return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
 
-    patched(TOUCH_POINTS[1], update_states_marking_counts)
-    patched(TOUCH_POINTS[2], staticmethod(gather_marked))
-    patched(TOUCH_POINTS[3], staticmethod(empty_cpu_for))
-    patched(TOUCH_POINTS[4], prompt_rows_from_first)
+    patched("GPUModelRunner._update_states", update_states_marking_counts)
+    patched("Sampler.gather_logprobs", staticmethod(gather_marked))
+    patched("LogprobsTensors.empty_cpu", staticmethod(empty_cpu_for))
+    patched("GPUModelRunner._get_prompt_logprobs_dict", prompt_rows_from_first)
 
 
 def prefix_cache_limit(request) -> int | None:
@@ -484,7 +490,7 @@ def read_prefix_cache_up_to_limits() -> None:
         kept = aligned_hit(hit, len(blocks.blocks[0]), limit)
         return self.truncate_computed_blocks(blocks, kept), kept, 0
 
-    patched(TOUCH_POINTS[5], get_computed_blocks_within_limit)
+    patched("KVCacheManager.get_computed_blocks", get_computed_blocks_within_limit)
 
 
 def keep_top_k_beside_labels() -> None:
@@ -518,8 +524,8 @@ def keep_top_k_beside_labels() -> None:
                                either(labelled.logprobs, top.logprobs, float("-inf")),
                                labelled.selected_token_ranks)
 
-    patched(TOUCH_POINTS[7], forward_noting_top_k)
-    patched(TOUCH_POINTS[8], labels_beside_top_k)
+    patched("Sampler.forward", forward_noting_top_k)
+    patched("Sampler.gather_specific_token_logprobs", labels_beside_top_k)
 
 
 # Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.
