@@ -2,6 +2,7 @@
 below, so the engine never depends on HTTP and pure logic never on a deployment."""
 
 import ast
+import re
 from pathlib import Path
 
 import probserve
@@ -64,3 +65,28 @@ def test_the_check_sees_an_upward_import(tmp_path):
     offender.write_text("from probserve.front.http import json_response\n")
     assert imports(offender) == {"probserve.front.http"}
     assert LEVEL[part_of("probserve.front.http")] > LEVEL[part_of("probserve.engine.wire")]
+
+
+def architecture_table() -> list[tuple[list[str], list[str]]]:
+    """docs/architecture.md's layer table: each row's subpackages ("" for the top level) and
+    the modules it names."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rows = text.split("| layer | subpackage | what lives there |\n| --- | --- | --- |\n")[1].split("\n\n")[0]
+    table = []
+    for row in rows.splitlines():
+        _, where, what = row.split(" | ")[:3]
+        parts = [name.rstrip("/") for name in re.findall(r"`([a-z_]+)/`", where)] or [""]
+        table.append((parts, re.findall(r"`([a-z_]+\.py)`", what)))
+    return table
+
+
+def test_the_architecture_table_names_every_module_where_it_lives():
+    named = {(PACKAGE / part / module).relative_to(PACKAGE).as_posix()
+             for parts, modules in architecture_table() for module in modules for part in parts
+             if (PACKAGE / part / module).exists()}
+    every = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py")
+             if path.name != "__init__.py"}
+    assert sorted(every - named) == [] and sorted(named - every) == []
+    unplaced = [module for parts, modules in architecture_table() for module in modules
+                if not any((PACKAGE / part / module).exists() for part in parts)]
+    assert unplaced == []
