@@ -85,9 +85,8 @@ class Call:
 def serve_details() -> dict:
     """The Serve controller's details of its applications, as `serve.status()` asks for them,
     without the models it builds of them: those pickle each deployment's request router class
-    again, about 0.2 s of CPU a call in a process that has imported this much (a fifth of
-    this replica's CPU under load, asked once a second; docs/benchmarks.md, "The front path's
-    CPU")."""
+    again, which in a process that has imported this much is most of the call's CPU
+    (docs/benchmarks.md)."""
     return _get_global_client().get_serve_details()
 
 

@@ -214,7 +214,7 @@ async def generate_all(replica: DeploymentHandle, engine_requests: list[EngineRe
     (its queue is full), the others are cancelled, which aborts them in the engine.
 
     Over Ray Serve's gRPC path rather than its task path (`_by_reference=False`): a result is
-    small, and the ingress and the replica spend 16% and 30% less CPU a request
+    small, and that path costs the ingress and the replica less CPU a request
     (docs/benchmarks.md). A lost replica is then `ActorUnavailableError`, a `RayActorError`."""
     sent_at = time.time()
     direct = replica.options(_by_reference=False)
