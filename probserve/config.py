@@ -189,7 +189,7 @@ class IngressConfig(Strict):
     readiness_timeout_s: float = Field(5, gt=0, description="how long /health waits for a "
                                        "model's health check before it calls the model not ready")
     max_ongoing_requests: int = Field(
-        512, ge=1, description="requests one ingress replica works on at once; it only parses, "
+        1024, ge=1, description="requests one ingress replica works on at once; it only parses, "
         "tokenizes and awaits replicas, and must cover what its models take and queue "
         "(checked at load)")
     ui: bool = Field(True, description="the token-probability viewer at /ui; false: /ui "

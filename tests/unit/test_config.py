@@ -48,3 +48,8 @@ def test_the_ingress_must_hold_what_its_models_take_and_queue():
     with pytest.raises(ValueError, match="at least 318"):
         AppConfig(models=models, ingress={"max_ongoing_requests": 317})
     AppConfig(models=models, ingress={"max_ongoing_requests": 318})
+
+
+def test_the_ingress_default_holds_what_three_models_on_their_defaults_take_and_queue():
+    """A service of a few models needs no ingress bound of its own (AppConfig checks it)."""
+    AppConfig(models=[{"name": name} for name in ("tiny-llama", "tiny-llama3", "tiny-sentencepiece")])
