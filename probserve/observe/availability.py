@@ -11,12 +11,22 @@ import logging
 import time
 from collections.abc import Callable
 
+from ray.serve.context import _get_global_client
+
 logger = logging.getLogger("probserve.availability")
 
 
 # A restarted Serve controller reports the replicas it finds as RECOVERING until it has asked
 # each: they serve all along (tests/e2e/test_chaos.py).
 SERVING_STATES = ("RUNNING", "RECOVERING")
+
+
+def serve_details() -> dict:
+    """The Serve controller's details of its applications, as `serve.status()` asks for them,
+    without the models it builds of them: those pickle each deployment's request router class
+    again, which in a process that has imported this much is most of the call's CPU
+    (docs/benchmarks.md)."""
+    return _get_global_client().get_serve_details()
 
 
 def running_replicas(details: dict, app_name: str) -> dict[str, int]:
