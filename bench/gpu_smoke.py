@@ -102,7 +102,7 @@ def environment(device: str) -> str:
 
     from probserve.config import ModelConfig
     from probserve.engine.vllm_adapter import engine_args, prepare_process
-    from probserve.engine.vllm_fence import check_runner
+    from probserve.engine.vllm_fence.replica_start import check_runner
 
     model = ModelConfig.model_validate(smoke_model(device))
     prepare_process(model)

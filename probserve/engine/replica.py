@@ -25,13 +25,9 @@ from probserve.engine.vllm_adapter import (
     prepare_process,
     sampling_params,
 )
-from probserve.engine.vllm_fence import (
-    check_runner,
-    held_gauges_stat_logger,
-    keep_prompt_logprobs_as_arrays,
-    register,
-    self_check,
-)
+from probserve.engine.vllm_fence import register
+from probserve.engine.vllm_fence.front_end import held_gauges_stat_logger, keep_prompt_logprobs_as_arrays
+from probserve.engine.vllm_fence.replica_start import check_runner, self_check
 from probserve.engine.windows import joined_windows, next_window, prompt_windows
 from probserve.engine.wire import (
     REPLICA_ITSELF,

@@ -7,7 +7,8 @@ import os
 import sys
 
 from probserve.config import ModelConfig
-from probserve.engine.vllm_fence import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS, ask_for_the_v1_runner
+from probserve.engine.vllm_fence.replica_start import ask_for_the_v1_runner
+from probserve.engine.vllm_fence.touch_points import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
 from probserve.engine.wire import (
     Completion,
     EngineRequest,

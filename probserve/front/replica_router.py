@@ -18,7 +18,7 @@ longest wait before looking again, for places freed by other callers of the repl
 ingress replicas, batch and dataset work), which this router does not see end.
 
 A router, not a patch: Serve pickles its own router package by value into every handle's
-process, which puts back any method changed there (probserve.engine.vllm_fence, item 6).
+process, which puts back any method changed there (probserve.engine.vllm_fence.touch_points, item 6).
 """
 
 import asyncio

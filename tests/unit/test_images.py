@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probserve.engine import vllm_fence
+from probserve.engine.vllm_fence.touch_points import pinned_versions
 from probserve.ops.local_ray import DEFAULTS, METRICS_PORT, PROXY_CALLBACK
 from tests.unit import vllm_sources
 
@@ -79,7 +79,7 @@ def test_the_gpu_images_cuda_is_that_of_the_torch_the_pinned_vllm_pins():
     wheel pins torch, and torch's Linux wheel pins NVIDIA's CUDA toolkit packages."""
     image = re.fullmatch(r"nvidia/cuda:(?P<cuda>\d+\.\d+)\.\d+-base-ubuntu22\.04", base_image("gpu"))
     assert image, base_image("gpu")
-    torch = vllm_sources.cuda_wheel(vllm_fence.pinned_versions()["vllm"]).pin("torch")
+    torch = vllm_sources.cuda_wheel(pinned_versions()["vllm"]).pin("torch")
     toolkit = vllm_sources.pinned(vllm_sources.torch_requirements(torch), "cuda-toolkit")
     assert image["cuda"] == ".".join(toolkit.split(".")[:2]), (torch, toolkit)
 

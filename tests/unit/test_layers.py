@@ -75,7 +75,7 @@ def architecture_table() -> list[tuple[list[str], list[str]]]:
     table = []
     for row in rows.splitlines():
         _, where, what = row.split(" | ")[:3]
-        parts = [name.rstrip("/") for name in re.findall(r"`([a-z_]+)/`", where)] or [""]
+        parts = [name.rstrip("/") for name in re.findall(r"`([a-z_/]+)/`", where)] or [""]
         table.append((parts, re.findall(r"`([a-z_]+\.py)`", what)))
     return table
 

