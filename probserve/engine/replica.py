@@ -48,7 +48,8 @@ SHARED_CACHES = "shared"
 def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
     the buffers of the longest full-vocabulary prompt (`rows` positions), which vLLM's worker
-    and this process make on its first windows and keep for the next (docs/benchmarks.md)."""
+    and this process make on its first windows and keep for the next
+    (docs/benchmarks.md#shipped-settings-measured)."""
     greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1, **REPLICA_ITSELF}
     return (EngineRequest(prompt_token_ids=[1, 2, 3], prompt_logprobs=1, **greedy),
             EngineRequest(prompt_token_ids=list(range(1, rows + 2)), prompt_logprobs=-1, **greedy))

@@ -215,7 +215,8 @@ async def generate_all(replica: DeploymentHandle, engine_requests: list[EngineRe
 
     Over Ray Serve's gRPC path rather than its task path (`_by_reference=False`): a result is
     small, and that path costs the ingress and the replica less CPU a request
-    (docs/benchmarks.md). A lost replica is then `ActorUnavailableError`, a `RayActorError`."""
+    (docs/benchmarks.md#shipped-settings-measured). A lost replica is then
+    `ActorUnavailableError`, a `RayActorError`."""
     sent_at = time.time()
     direct = replica.options(_by_reference=False)
     calls = [asyncio.ensure_future(direct.generate.remote(dataclasses.replace(r, sent_at=sent_at)))

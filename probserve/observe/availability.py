@@ -25,7 +25,7 @@ def serve_details() -> dict:
     """The Serve controller's details of its applications, as `serve.status()` asks for them,
     without the models it builds of them: those pickle each deployment's request router class
     again, which in a process that has imported this much is most of the call's CPU
-    (docs/benchmarks.md)."""
+    (docs/benchmarks.md#shipped-settings-measured)."""
     return _get_global_client().get_serve_details()
 
 

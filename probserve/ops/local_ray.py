@@ -17,7 +17,8 @@ METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
 # What Ray's processes read from their environment when Ray starts on a node (the images set
 # the same: docker/). Serve's HTTP front loads its extra middlewares from the callback
 # (probserve.observe.request_log). HAProxy stands in for Serve's Python proxy and each ingress
-# replica serves HTTP itself: 1.6x the small requests per second (docs/benchmarks.md).
+# replica serves HTTP itself: 1.6x the small requests per second
+# (docs/benchmarks.md#shipped-settings-measured).
 PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH":
                   "probserve.observe.request_log:proxy_middlewares"}
 HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
@@ -36,7 +37,7 @@ SAME_LOOP = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 # The raylet deletes the objects whose last reference went in batches, every 100 ms instead
 # of every second: a full-vocabulary body passes 200 MB/s of rows and pieces through the object
 # store, and a second's worth waited there, dead, and grew the store's pages (which it keeps)
-# by 190 MiB (docs/benchmarks.md).
+# by 190 MiB (docs/benchmarks.md#shipped-settings-measured).
 FREE_PERIOD = "RAY_free_objects_period_milliseconds"
 DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5", PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100"}
 
