@@ -36,7 +36,7 @@ servers:
 	    prometheus redis-server chromium chromium-driver; }
 
 test: venv servers
-	$(VENV)/bin/ruff check probserve tests bench
+	$(VENV)/bin/ruff check serve_app tests bench
 	$(VENV)/bin/probserve models prepare $(TEST_MODELS)
 	$(PY) -m pytest tests --durations=30
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 from load import distinct, median_and_p99, probserve_serving
 
-from probserve.store.model_store import SMOLLM2
+from serve_app.store.model_store import SMOLLM2
 
 FULL_VOCAB_IDS = list(range(3000, 3256))
 

@@ -1,6 +1,6 @@
 """Chaos under load: probserve on the embedded SmolLM2 (deployments/local.yaml) with two
 tenants counted in a real Redis, a steady mixed load at a fixed rate (small requests, echo
-scoring, streams, full distributions, both tenants in turn: probserve.ops.chaos), while each
+scoring, streams, full distributions, both tenants in turn: serve_app.ops.chaos), while each
 part is killed once, in turn: HAProxy, the ingress replica, the Serve controller, the model
 replica's vLLM engine, a serializer pool worker, and Redis (started again 5 s later, as a
 supervisor would). Prints, for each kill, the requests answered right, refused with a clear
@@ -23,11 +23,11 @@ import redis
 import yaml
 from load import PORT, probserve_serving
 
-from probserve.ops.chaos import SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
-from probserve.ops.local_ray import APP_NAME
-from probserve.store.model_store import SMOLLM2
-from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile, Tenant, TenantLimits
+from serve_app.ops.chaos import SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
+from serve_app.ops.local_ray import APP_NAME
+from serve_app.store.model_store import SMOLLM2
+from serve_app.tenants import keyring
+from serve_app.tenants.keyring import KeyFile, Tenant, TenantLimits
 
 REDIS_PORT = PORT + 1
 REDIS_RESTART_S = 5

@@ -1,7 +1,7 @@
 """Dataset scoring against its two baselines, in one run on the embedded SmolLM2 (float32):
 documents of a fixed length scored with echo and `logprobs: 1`,
 
-- by `probserve score` (Ray Data scorers through Serve's handle, probserve.batch.scoring),
+- by `probserve score` (Ray Data scorers through Serve's handle, serve_app.batch.scoring),
 - by the online API at a fixed concurrency (bench/load.py's closed loop), on the same service,
 - by vLLM's offline `LLM.generate` with `prompt_logprobs=1`, in a process of its own, with
   the engine settings probserve's replica uses;
@@ -34,10 +34,10 @@ from cpu import cpu_per_request, cpu_seconds, spent_line
 from load import closed_loop, probserve_serving
 from servers import AS_SHIPPED, TUNED
 
-from probserve.batch.dataset import ScoreOptions
-from probserve.batch.scoring import score_dataset
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
+from serve_app.batch.dataset import ScoreOptions
+from serve_app.batch.scoring import score_dataset
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 CHECKED = 20  # documents whose numbers are compared with the online API's
 ECHO = {"echo": True, "logprobs": 1, "max_tokens": 1}  # what a document's request asks

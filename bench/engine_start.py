@@ -25,8 +25,8 @@ SETTINGS = {"third process (vLLM's CPU default, probserve)": "1", "engine-core p
 
 async def measure(model_name: str, requests: int) -> dict:
     """In a fresh interpreter: the import, the engine's start, then the small requests."""
-    from probserve.config import ModelConfig
-    from probserve.engine.vllm_adapter import engine_args, prepare_process
+    from serve_app.config import ModelConfig
+    from serve_app.engine.vllm_adapter import engine_args, prepare_process
 
     model = ModelConfig(name=model_name)
     prepare_process(model)  # caches and CPU settings, before vLLM reads them

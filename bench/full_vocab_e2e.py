@@ -24,9 +24,9 @@ import psutil
 import yaml
 from servers import vllm_server
 
-from probserve.ops import local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, prepare
+from serve_app.ops import local_ray
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, prepare
 
 PORT = 8311
 FORMS = {"json": {"accept-encoding": "identity"}, "gzip": {"accept-encoding": "gzip"},

@@ -18,9 +18,9 @@ import zlib
 import numpy as np
 import orjson
 
-from probserve.engine.wire import FullVocabRows, RankedRows
-from probserve.fullvocab.compression import deflate_part
-from probserve.fullvocab.json_rows import EntryFragments, chunk_json
+from serve_app.engine.wire import FullVocabRows, RankedRows
+from serve_app.fullvocab.compression import deflate_part
+from serve_app.fullvocab.json_rows import EntryFragments, chunk_json
 
 CHUNK_POSITIONS = 16  # the pool's default
 

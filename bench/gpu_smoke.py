@@ -36,10 +36,10 @@ from cpu import cpu_per_request, cpu_seconds
 from load import WORKLOADS, closed_loop, run_vllm
 from prometheus_client.parser import text_string_to_metric_families
 
-from probserve.config import model_deployment_name
-from probserve.ops import local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
+from serve_app.config import model_deployment_name
+from serve_app.ops import local_ray
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 from tests.e2e.reference import Reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,9 +100,9 @@ def environment(device: str) -> str:
     import torch
     import vllm
 
-    from probserve.config import ModelConfig
-    from probserve.engine.vllm_adapter import engine_args, prepare_process
-    from probserve.engine.vllm_fence.replica_start import check_runner
+    from serve_app.config import ModelConfig
+    from serve_app.engine.vllm_adapter import engine_args, prepare_process
+    from serve_app.engine.vllm_fence.replica_start import check_runner
 
     model = ModelConfig.model_validate(smoke_model(device))
     prepare_process(model)

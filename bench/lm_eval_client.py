@@ -23,9 +23,9 @@ from lm_eval_task import write_task
 from servers import vllm_server
 from shared_context import WORDS
 
-from probserve.ops import cli, local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
+from serve_app.ops import cli, local_ray
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 PORT = 8314
 TASK = "probserve_multiple_choice"

@@ -34,13 +34,13 @@ from cpu import cpu_per_request, cpu_seconds, spent_line
 from servers import ray_serve_llm, vllm_server
 from shared_context import WORDS
 
-from probserve.ops import cli, local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, prepare
+from serve_app.ops import cli, local_ray
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, prepare
 
 PORT = 8312
 # Each echo128 request scores a sequence of its own, as an evaluation set's items are: a
-# sequence sent again would be served from probserve's prefix caches.
+# sequence sent again would be served from serve_app's prefix caches.
 ECHO_SEQUENCES = random.Random(0)
 FULL_VOCAB_IDS = list(range(2000, 2032))
 SWEEP = [1, 4, 16, 64, 128, 256]

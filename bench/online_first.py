@@ -24,7 +24,7 @@ import httpx
 import orjson
 from load import distinct, open_loop, probserve_serving
 
-from probserve.store.model_store import SMOLLM2
+from serve_app.store.model_store import SMOLLM2
 
 SETTINGS = {"background": 1, "equals": 0}  # batch.priority
 

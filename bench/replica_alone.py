@@ -15,11 +15,11 @@ import time
 import ray
 from ray import serve
 
-from probserve.config import ModelConfig
-from probserve.engine.replica import ModelReplica
-from probserve.engine.wire import EngineRequest
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, prepare
+from serve_app.config import ModelConfig
+from serve_app.engine.replica import ModelReplica
+from serve_app.engine.wire import EngineRequest
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, prepare
 
 CONCURRENCY = 16
 CALLER = {"tenant": "bench", "priority": 0}

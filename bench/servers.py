@@ -9,12 +9,12 @@ import time
 
 import httpx
 
-from probserve.ops import local_ray
-from probserve.store.model_store import SMOLLM2, embedded_model_path
+from serve_app.ops import local_ray
+from serve_app.store.model_store import SMOLLM2, embedded_model_path
 
 # vLLM as it ships: without probserve's plugin from this environment.
 AS_SHIPPED = {"VLLM_PLUGINS": ""}
-# What a probserve replica sets too (probserve.engine.vllm_adapter.prepare_process).
+# What a probserve replica sets too (serve_app.engine.vllm_adapter.prepare_process).
 TUNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 RAY_SERVE_LLM_APP = "ray-serve-llm"
 
@@ -40,7 +40,7 @@ def ray_serve_llm(port: int, kv_cache_gib: int = 1) -> str:
     """Ray Serve LLM's OpenAI app (`ray.serve.llm.build_openai_app`: Serve's HTTP front, an
     OpenAiIngress replica, an LLMServer replica holding vLLM's AsyncLLM), started in this
     process's own Ray like probserve's, behind the same front; returns its URL once the model
-    is listed. Stop it with probserve.ops.local_ray.stop."""
+    is listed. Stop it with serve_app.ops.local_ray.stop."""
     from ray import serve
     from ray.serve.llm import LLMConfig, build_openai_app
 

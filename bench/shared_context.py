@@ -40,9 +40,9 @@ from cpu import cpu_per_request, cpu_seconds
 from servers import vllm_server
 from transformers import AutoTokenizer
 
-from probserve.ops import cli, local_ray
-from probserve.store.home import apply_cache_environment
-from probserve.store.model_store import SMOLLM2, embedded_model_path, prepare
+from serve_app.ops import cli, local_ray
+from serve_app.store.home import apply_cache_environment
+from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 
 PORT = 8313
 CONCURRENCY = 8

@@ -27,8 +27,8 @@ import psutil
 from cpu import process_role
 from load import distinct, median_and_p99, probserve_serving
 
-from probserve.ops import local_ray
-from probserve.store.model_store import SMOLLM2
+from serve_app.ops import local_ray
+from serve_app.store.model_store import SMOLLM2
 
 FRONTS = {"haproxy": "1", "python": "0"}  # RAY_SERVE_ENABLE_HA_PROXY
 MB = 1_000_000

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 from load import probserve_serving
 
-from probserve.store.model_store import SMOLLM2
-from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile, Tenant, TenantLimits
+from serve_app.store.model_store import SMOLLM2
+from serve_app.tenants import keyring
+from serve_app.tenants.keyring import KeyFile, Tenant, TenantLimits
 
 REQUEST = {"model": SMOLLM2, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 INGRESS_REPLICAS = 2

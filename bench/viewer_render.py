@@ -20,7 +20,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 from transformers import AutoTokenizer
 
-from probserve.store.model_store import SMOLLM2, embedded_model_path
+from serve_app.store.model_store import SMOLLM2, embedded_model_path
 
 WAIT_S = 300
 

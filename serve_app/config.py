@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from ray.serve.config import AutoscalingConfig
 
-from probserve.store.home import probserve_home
-from probserve.store.model_store import BUILDERS, embedded_model_path
-from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS
+from serve_app.store.home import probserve_home
+from serve_app.store.model_store import BUILDERS, embedded_model_path
+from serve_app.vllm_constants import MAX_LOGPROB_TOKEN_IDS
 
 
 def checked_autoscaling(value: dict[str, Any]) -> dict[str, Any]:
@@ -76,7 +76,7 @@ class Capabilities(Strict):
 
 
 class ScoredCacheConfig(Strict):
-    """Each model replica's scored-prefix cache (probserve.engine.scored_cache)."""
+    """Each model replica's scored-prefix cache (serve_app.engine.scored_cache)."""
 
     enabled: bool = Field(True, description="each model replica keeps the rows it scored, "
                           "to serve a later prompt that shares their prefix")
@@ -124,11 +124,11 @@ class ModelConfig(Strict):
     router_max_backoff_s: float = Field(
         0.1, gt=0, description="a request that found every replica full is woken when a "
         "request of its ingress replica ends; this is the longest it waits before it asks the "
-        "replicas again, which finds places other callers free (probserve.front.replica_router)")
+        "replicas again, which finds places other callers free (serve_app.front.replica_router)")
     max_background_in_engine: int = Field(
         4, ge=1, description="background requests (batch lines, dataset documents) one "
         "replica's engine holds at once, only while no online request is in it "
-        "(probserve.engine.background)")
+        "(serve_app.engine.background)")
     background_window: int = Field(
         512, ge=1, description="prompt positions of a background request computed at a time, "
         "in whole KV blocks (at least one): what an arriving online request may wait for")
@@ -148,7 +148,7 @@ class ModelConfig(Strict):
     full_vocab_window: int = Field(
         128, ge=1, description="prompt positions of full-vocabulary rows computed at a time, "
         "in whole KV blocks (at least one): no process holds more than a window of "
-        "positions x vocabulary (probserve.engine.windows)")
+        "positions x vocabulary (serve_app.engine.windows)")
     shared_prefix_caches: bool = Field(
         False, description="the prefix caches (vLLM's, salted per tenant, and the scored "
         "cache) are each tenant's own unless true: a shared cache lets a tenant time whether "
@@ -172,7 +172,7 @@ class ModelConfig(Strict):
 
 
 class IngressConfig(Strict):
-    """The ingress deployment: parsing, admission, limits (probserve.front.ingress)."""
+    """The ingress deployment: parsing, admission, limits (serve_app.front.ingress)."""
 
     max_body_bytes: int = Field(16 << 20, ge=1024, description="larger bodies get 413 as soon "
                                 "as that many bytes have arrived")
@@ -199,7 +199,7 @@ class IngressConfig(Strict):
 
 
 class SerializerPoolConfig(Strict):
-    """The CPU workers that write full-vocabulary JSON (probserve.fullvocab.pool)."""
+    """The CPU workers that write full-vocabulary JSON (serve_app.fullvocab.pool)."""
 
     chunk_positions: int = Field(
         16, ge=1, description="full-vocabulary positions per chunk: the unit a model replica "
@@ -221,7 +221,7 @@ class SerializerPoolConfig(Strict):
 
 
 class BatchConfig(Strict):
-    """OpenAI's Files and Batch APIs (probserve.batch, docs/operations.md "Batches")."""
+    """OpenAI's Files and Batch APIs (serve_app.batch, docs/operations.md "Batches")."""
 
     storage: str | None = Field(
         None, description="the folder of uploaded files, batch records and results, which "
@@ -243,7 +243,7 @@ class BatchConfig(Strict):
 
 
 class TenancyConfig(Strict):
-    """API keys and per-tenant limits (probserve.tenants.keyring, docs/tenancy.md)."""
+    """API keys and per-tenant limits (serve_app.tenants.keyring, docs/tenancy.md)."""
 
     key_file: str | None = Field(None, description="the tenants and their keys' hashes "
                                  "(`probserve keys create` writes it); none: every request is "

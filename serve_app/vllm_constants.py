@@ -1,5 +1,5 @@
 """Values probserve copies from vLLM 0.32 instead of importing vLLM where it is not loaded (the
-ingress, the pool). probserve.engine.vllm_fence.touch_points names where each comes from,
+ingress, the pool). serve_app.engine.vllm_fence.touch_points names where each comes from,
 and tests/unit/test_fence_touch_points.py checks each against vLLM's own."""
 
 # vLLM samples greedily below this temperature (vllm.sampling_params._SAMPLING_EPS).

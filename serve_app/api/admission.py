@@ -5,9 +5,9 @@ happens here, before any replica. The two endpoints share every check on the fie
 
 from dataclasses import dataclass
 
-from probserve.api.conversation import MessageTokens, final_message_tokens, render_chat
-from probserve.api.prompts import PromptInput
-from probserve.api.request_models import (
+from serve_app.api.conversation import MessageTokens, final_message_tokens, render_chat
+from serve_app.api.prompts import PromptInput
+from serve_app.api.request_models import (
     ChatRequest,
     CompletionRequest,
     SamplingRequest,
@@ -15,12 +15,12 @@ from probserve.api.request_models import (
     completion_rules,
     field_error,
 )
-from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import Caller, EngineRequest
-from probserve.errors import invalid
-from probserve.text.pieces import id_prompt_pieces
-from probserve.text.vocabulary import Vocabulary
-from probserve.vllm_constants import SAMPLING_EPS
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.engine.wire import Caller, EngineRequest
+from serve_app.errors import invalid
+from serve_app.text.pieces import id_prompt_pieces
+from serve_app.text.vocabulary import Vocabulary
+from serve_app.vllm_constants import SAMPLING_EPS
 
 
 @dataclass(frozen=True)
@@ -303,7 +303,7 @@ def first_shown_row(request: CompletionRequest) -> int:
 
 
 def is_greedy(request: SamplingRequest) -> bool:
-    """As vLLM decides: below its sampling epsilon (probserve.vllm_constants)."""
+    """As vLLM decides: below its sampling epsilon (serve_app.vllm_constants)."""
     return request.temperature < SAMPLING_EPS
 
 

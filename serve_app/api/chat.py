@@ -3,15 +3,15 @@ with vLLM's additions (`prompt_logprobs` at the top level, `echo`) and the final
 scores (`final_message_logprobs`).
 
 Pure functions over plain data. A token's `bytes` are the UTF-8 of its piece of the content
-(probserve.text.pieces), so that they join into the content's bytes; a special token, never part
+(serve_app.text.pieces), so that they join into the content's bytes; a special token, never part
 of the content, has `bytes: null`.
 """
 
 import math
 import uuid
 
-from probserve.api.admission import Admitted
-from probserve.api.completions import (
+from serve_app.api.admission import Admitted
+from serve_app.api.completions import (
     choice_completions,
     completion_usage,
     finite,
@@ -19,12 +19,12 @@ from probserve.api.completions import (
     reported_width,
     response_head,
 )
-from probserve.api.conversation import MessageTokens
-from probserve.api.prompts import PromptInput
-from probserve.api.request_models import ChatRequest
-from probserve.engine.wire import Completion, EngineResult, PositionLogprobs
-from probserve.text.pieces import GeneratedPieces, Pieces
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api.conversation import MessageTokens
+from serve_app.api.prompts import PromptInput
+from serve_app.api.request_models import ChatRequest
+from serve_app.engine.wire import Completion, EngineResult, PositionLogprobs
+from serve_app.text.pieces import GeneratedPieces, Pieces
+from serve_app.text.vocabulary import Vocabulary
 
 
 def token_bytes(token_id: int, text: str, vocab: Vocabulary) -> list[int] | None:
@@ -91,7 +91,7 @@ def final_message_logprobs(final: MessageTokens, result: EngineResult, request: 
 def response_members(admitted: Admitted, result: EngineResult, request: ChatRequest,
                      vocab: Vocabulary) -> dict:
     """Everything after the head; `prompt_logprobs` but for the full vocabulary, which its
-    body streams (probserve.fullvocab.response)."""
+    body streams (serve_app.fullvocab.response)."""
     prompt = admitted.prompts[0]
     role, echo = request.response_role(), echoed(request)
     choices = [

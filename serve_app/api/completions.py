@@ -6,13 +6,13 @@ Pure functions over plain data; the ingress deployment wires them to HTTP and th
 import time
 import uuid
 
-from probserve.api.admission import span_start
-from probserve.api.prompts import PromptInput
-from probserve.api.request_models import CompletionRequest, SamplingRequest
-from probserve.engine.wire import Completion, EngineResult, PositionLogprobs
-from probserve.text.pieces import GeneratedPieces, Pieces, string_pieces
-from probserve.text.vocabulary import Vocabulary
-from probserve.vllm_constants import NEG_INF_LOGPROB
+from serve_app.api.admission import span_start
+from serve_app.api.prompts import PromptInput
+from serve_app.api.request_models import CompletionRequest, SamplingRequest
+from serve_app.engine.wire import Completion, EngineResult, PositionLogprobs
+from serve_app.text.pieces import GeneratedPieces, Pieces, string_pieces
+from serve_app.text.vocabulary import Vocabulary
+from serve_app.vllm_constants import NEG_INF_LOGPROB
 
 
 def finite(logprob: float) -> float:
@@ -125,7 +125,7 @@ def prompt_logprobs_at(entries: PositionLogprobs, position: int, k: int, vocab: 
 def choice(index: int, prompt: PromptInput, pieces: Pieces | None, result: EngineResult,
            completion: Completion, request: CompletionRequest, vocab: Vocabulary) -> dict:
     """A choice; with the full vocabulary, its `prompt_logprobs` are left to the body that
-    streams them (probserve.fullvocab.response)."""
+    streams them (serve_app.fullvocab.response)."""
     body = {
         "index": index,
         "text": (prompt.text if request.echo else "") + completion.text,

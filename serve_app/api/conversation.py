@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from jinja2 import TemplateError
 
-from probserve.api.prompts import PromptInput
-from probserve.api.request_models import ChatMessage, ChatTemplateOptions
-from probserve.errors import invalid
-from probserve.text.pieces import Pieces, string_pieces
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api.prompts import PromptInput
+from serve_app.api.request_models import ChatMessage, ChatTemplateOptions
+from serve_app.errors import invalid
+from serve_app.text.pieces import Pieces, string_pieces
+from serve_app.text.vocabulary import Vocabulary
 
 # Private-use characters: no template trims or rewrites them, no message holds them by chance.
 MARKER = "\ue000probserve final message\ue000"

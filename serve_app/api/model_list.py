@@ -1,7 +1,7 @@
 """GET /v1/models: OpenAI's model objects, with the capabilities a tenant has on each."""
 
-from probserve.config import Capabilities, ModelConfig
-from probserve.text.vocabulary import Vocabulary
+from serve_app.config import Capabilities, ModelConfig
+from serve_app.text.vocabulary import Vocabulary
 
 
 def model_card(model: ModelConfig, caps: Capabilities, created: int, vocab: Vocabulary) -> dict:

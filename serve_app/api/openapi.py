@@ -4,7 +4,7 @@ Schema is the request body, and every refusal is the error envelope."""
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from probserve.api.request_models import (
+from serve_app.api.request_models import (
     BatchRequest,
     ChatRequest,
     CompletionRequest,

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from probserve.text.pieces import Pieces
+from serve_app.text.pieces import Pieces
 
 
 @dataclass(frozen=True)

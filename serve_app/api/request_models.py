@@ -10,7 +10,7 @@ from typing import Annotated, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
-from probserve.errors import APIError, invalid
+from serve_app.errors import APIError, invalid
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_STRINGS = 4

@@ -12,14 +12,14 @@ from abc import ABC, abstractmethod
 
 import orjson
 
-from probserve.api import chat
-from probserve.api.admission import is_greedy
-from probserve.api.completions import LogprobsBuilder, add_generated, reported_width, usage_counts
-from probserve.api.prompts import PromptInput
-from probserve.api.request_models import ChatRequest, CompletionRequest, SamplingRequest
-from probserve.engine.wire import Completion, EngineResult
-from probserve.text.pieces import GeneratedPieces
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api import chat
+from serve_app.api.admission import is_greedy
+from serve_app.api.completions import LogprobsBuilder, add_generated, reported_width, usage_counts
+from serve_app.api.prompts import PromptInput
+from serve_app.api.request_models import ChatRequest, CompletionRequest, SamplingRequest
+from serve_app.engine.wire import Completion, EngineResult
+from serve_app.text.pieces import GeneratedPieces
+from serve_app.text.vocabulary import Vocabulary
 
 DONE = b"data: [DONE]\n\n"
 

@@ -2,12 +2,12 @@
 `logprob_start_len` and label ids with the server's own tokenizer and chat template, and
 lm-evaluation-harness's remote tokenizer reads the tokenizer's configuration."""
 
-from probserve.api.admission import check_token_ids
-from probserve.api.conversation import render_chat
-from probserve.api.request_models import DetokenizeRequest, TokenizeRequest
-from probserve.errors import invalid
-from probserve.text.pieces import id_prompt_pieces
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api.admission import check_token_ids
+from serve_app.api.conversation import render_chat
+from serve_app.api.request_models import DetokenizeRequest, TokenizeRequest
+from serve_app.errors import invalid
+from serve_app.text.pieces import id_prompt_pieces
+from serve_app.text.vocabulary import Vocabulary
 
 TEMPLATE_FIELDS = ("add_generation_prompt", "continue_final_message", "chat_template_kwargs")
 # Configuration that says where the tokenizer's files are on this server and how they were

@@ -1,4 +1,4 @@
-"""Dataset scoring's plain parts (probserve.batch.scoring runs them on Ray Data): the input cut
+"""Dataset scoring's plain parts (serve_app.batch.scoring runs them on Ray Data): the input cut
 into shards of rows that a rerun finds again, each document as the completion request it
 stands for, and the engine's answers as the Arrow columns of the output's parts.
 
@@ -20,13 +20,13 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from probserve.api import admission
-from probserve.api.conversation import render_chat
-from probserve.api.request_models import MESSAGES_RULE, ChatRequest, CompletionRequest, parse_request
-from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import Caller, EngineRequest, EngineResult
-from probserve.errors import APIError, invalid
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api import admission
+from serve_app.api.conversation import render_chat
+from serve_app.api.request_models import MESSAGES_RULE, ChatRequest, CompletionRequest, parse_request
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.engine.wire import Caller, EngineRequest, EngineResult
+from serve_app.errors import APIError, invalid
+from serve_app.text.vocabulary import Vocabulary
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 PART = re.compile(r"part-(\d{6})\.parquet")

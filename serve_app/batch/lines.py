@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from probserve.batch.storage import new_id
+from serve_app.batch.storage import new_id
 
 MAX_FILE_ERRORS = 100  # a batch that fails its check lists the first of them
 MAX_CUSTOM_ID = 512

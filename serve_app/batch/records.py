@@ -4,9 +4,9 @@ check), cancelling -> cancelled, expired (its completion window passed)."""
 
 import time
 
-from probserve.api.request_models import BatchRequest
-from probserve.batch.storage import new_id
-from probserve.errors import APIError
+from serve_app.api.request_models import BatchRequest
+from serve_app.batch.storage import new_id
+from serve_app.errors import APIError
 
 WINDOW_S = {"24h": 24 * 3600}
 FINISHED = ("failed", "completed", "expired", "cancelled")

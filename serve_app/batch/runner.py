@@ -19,12 +19,12 @@ from pathlib import Path
 
 from ray import serve
 
-from probserve.batch import lines, records
-from probserve.batch.lines import RequestLine
-from probserve.batch.storage import Storage
-from probserve.config import AppConfig, BatchConfig
-from probserve.errors import APIError
-from probserve.observe.metrics import BatchMetrics
+from serve_app.batch import lines, records
+from serve_app.batch.lines import RequestLine
+from serve_app.batch.storage import Storage
+from serve_app.config import AppConfig, BatchConfig
+from serve_app.errors import APIError
+from serve_app.observe.metrics import BatchMetrics
 
 logger = logging.getLogger("probserve.batch")
 RETRIED = (429, 503)

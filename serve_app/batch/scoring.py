@@ -1,7 +1,7 @@
 """Dataset scoring on Ray Data: `probserve score INPUT --model M --output OUT`, or
 `score_dataset(...)` from Python, on the Ray cluster that serves probserve.
 
-The input is cut into shards (probserve.batch.dataset); Ray Data hands them to a pool of
+The input is cut into shards (serve_app.batch.dataset); Ray Data hands them to a pool of
 scorer actors, each of which reads its shard through pyarrow's filesystems, admits every
 document as the online API does, sends them to the model's replicas through Serve's handle
 (no HTTP, no JSON: the engine's arrays become Arrow columns) and writes the shard's part of
@@ -22,14 +22,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from probserve.batch import dataset
-from probserve.batch.dataset import PartColumns, ScoreOptions, Shard
-from probserve.config import AppConfig, model_deployment_name
-from probserve.engine.transient import TRANSIENT
-from probserve.engine.wire import EngineRequest, EngineResult
-from probserve.errors import APIError, invalid
-from probserve.store.home import keep_ray_token_at_home, probserve_home
-from probserve.text.vocabulary import Vocabulary
+from serve_app.batch import dataset
+from serve_app.batch.dataset import PartColumns, ScoreOptions, Shard
+from serve_app.config import AppConfig, model_deployment_name
+from serve_app.engine.transient import TRANSIENT
+from serve_app.engine.wire import EngineRequest, EngineResult
+from serve_app.errors import APIError, invalid
+from serve_app.store.home import keep_ray_token_at_home, probserve_home
+from serve_app.text.vocabulary import Vocabulary
 
 APP_NAME = "probserve"
 SETTINGS = "_probserve_score.json"  # in the output: what its parts were scored with

@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote
 
 import orjson
 
-from probserve.errors import APIError
+from serve_app.errors import APIError
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 BATCH_ID = re.compile(r"^batch_[0-9a-f]{32}$")

@@ -8,7 +8,7 @@ from typing import BinaryIO
 
 from python_multipart.multipart import MultipartParseError, MultipartParser, parse_options_header
 
-from probserve.errors import APIError
+from serve_app.errors import APIError
 
 FIELD_LIMIT = 1024  # bytes of a text field (`purpose`)
 

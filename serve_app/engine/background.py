@@ -7,7 +7,7 @@ requests it has started first, each step, and a step runs to its end. So an onli
 that arrives finds the engine's current step, and the background prefills already in it,
 ahead of it. The replica therefore hands its engine background work only while no online
 request is in it, at most `in_engine` requests at a time, and a background prompt a short
-window at a time (probserve.engine.windows): an online request waits for one window at most,
+window at a time (serve_app.engine.windows): an online request waits for one window at most,
 and background work takes the engine's time that online requests leave.
 
 Windows cost throughput (a short prefill uses the engine less well, and each is a request of
@@ -22,7 +22,7 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 
-from probserve.engine.wire import EngineRequest
+from serve_app.engine.wire import EngineRequest
 
 
 class BackgroundShare:

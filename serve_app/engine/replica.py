@@ -4,7 +4,7 @@ It owns what one engine serves: the engine's start, warm-up and self-check, each
 way through it (online first, background work by turns; a scored span read from the prefix
 caches, read again whole if the cache fell short; full-vocabulary prompts in windows) and the
 queue-wait bound. Turning requests and outputs into vLLM's types and back is the adapter's
-(probserve.engine.vllm_adapter); the caches, windows and turns are modules of their own.
+(serve_app.engine.vllm_adapter); the caches, windows and turns are modules of their own.
 """
 
 import dataclasses
@@ -14,29 +14,29 @@ import uuid
 
 from ray import serve
 
-from probserve.config import ModelConfig
-from probserve.engine.background import BackgroundShare
-from probserve.engine.scored_cache import ScoredPrefixCache
-from probserve.engine.shared_prefix import InFlightPrefixes
-from probserve.engine.vllm_adapter import (
+from serve_app.config import ModelConfig
+from serve_app.engine.background import BackgroundShare
+from serve_app.engine.scored_cache import ScoredPrefixCache
+from serve_app.engine.shared_prefix import InFlightPrefixes
+from serve_app.engine.vllm_adapter import (
     engine_args,
     engine_result,
     engine_stats,
     prepare_process,
     sampling_params,
 )
-from probserve.engine.vllm_fence import register
-from probserve.engine.vllm_fence.front_end import held_gauges_stat_logger, keep_prompt_logprobs_as_arrays
-from probserve.engine.vllm_fence.replica_start import check_runner, self_check
-from probserve.engine.windows import joined_windows, next_window, prompt_windows
-from probserve.engine.wire import (
+from serve_app.engine.vllm_fence import register
+from serve_app.engine.vllm_fence.front_end import held_gauges_stat_logger, keep_prompt_logprobs_as_arrays
+from serve_app.engine.vllm_fence.replica_start import check_runner, self_check
+from serve_app.engine.windows import joined_windows, next_window, prompt_windows
+from serve_app.engine.wire import (
     REPLICA_ITSELF,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
     QueueTimeout,
 )
-from probserve.observe.metrics import ReplicaMetrics
+from serve_app.observe.metrics import ReplicaMetrics
 
 logger = logging.getLogger("probserve.replica")
 
@@ -154,7 +154,7 @@ class ModelReplica:
 
     async def computed(self, request: EngineRequest) -> EngineResult:
         """A background request's prompt rows a window at a time, the rest whole once online
-        requests have paused (probserve.engine.background)."""
+        requests have paused (serve_app.engine.background)."""
         if not request.background() or request.prompt_logprobs is None:
             return await self.final_result(request)
         left, sent, results = prompt_windows(request, self.background_window, self.block), [], []
@@ -181,7 +181,7 @@ class ModelReplica:
         return final
 
     async def generate_full_vocab(self, request: EngineRequest):
-        """prompt_logprobs -1, window by window (probserve.engine.windows), as soon as each
+        """prompt_logprobs -1, window by window (serve_app.engine.windows), as soon as each
         ends: its result without its rows (the last one's also carries what was generated),
         then each chunk of its rows as an item of its own. Each item goes to Ray's object
         store owned by the caller, which hands the chunks to the serializer pool unread

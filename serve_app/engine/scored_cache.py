@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs, concatenated
+from serve_app.engine.wire import EngineRequest, EngineResult, PositionLogprobs, concatenated
 
 
 @dataclass(frozen=True)

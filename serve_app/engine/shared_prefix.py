@@ -7,7 +7,7 @@ prefix is mostly a prefix another request is computing now waits for that one to
 reads it from the cache. Waiting never changes an answer: only what vLLM reads from its cache.
 
 An online request never waits for a background one (a batch line, a dataset document), which
-may itself wait long for the engine (probserve.engine.background): it computes the prefix
+may itself wait long for the engine (serve_app.engine.background): it computes the prefix
 itself and takes it over, so that the online requests after it wait for it instead.
 """
 

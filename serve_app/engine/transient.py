@@ -7,7 +7,7 @@ import contextlib
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
-from probserve.engine.wire import EngineUnavailable, QueueTimeout
+from serve_app.engine.wire import EngineUnavailable, QueueTimeout
 
 TRANSIENT = (BackPressureError, QueueTimeout, EngineUnavailable, RayActorError)
 

@@ -1,15 +1,15 @@
 """probserve's side of vLLM's engine API: the engine's arguments from a model's config, an
 EngineRequest as vLLM's SamplingParams, and vLLM's outputs as EngineResults with compact
-arrays (probserve.engine.wire) in place of vLLM's per-entry lists. What the engine's private
-parts are made to do is the fence's (probserve.engine.vllm_fence)."""
+arrays (serve_app.engine.wire) in place of vLLM's per-entry lists. What the engine's private
+parts are made to do is the fence's (serve_app.engine.vllm_fence)."""
 
 import os
 import sys
 
-from probserve.config import ModelConfig
-from probserve.engine.vllm_fence.replica_start import ask_for_the_v1_runner
-from probserve.engine.vllm_fence.touch_points import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
-from probserve.engine.wire import (
+from serve_app.config import ModelConfig
+from serve_app.engine.vllm_fence.replica_start import ask_for_the_v1_runner
+from serve_app.engine.vllm_fence.touch_points import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
+from serve_app.engine.wire import (
     Completion,
     EngineRequest,
     EngineResult,
@@ -18,9 +18,9 @@ from probserve.engine.wire import (
     PromptRows,
     token_array,
 )
-from probserve.observe.metrics import EngineRequestStats
-from probserve.observe.request_log import separate_logger
-from probserve.store.home import apply_cache_environment
+from serve_app.observe.metrics import EngineRequestStats
+from serve_app.observe.request_log import separate_logger
+from serve_app.store.home import apply_cache_environment
 
 
 def prepare_process(model: ModelConfig) -> None:
@@ -76,7 +76,7 @@ def engine_args(model: ModelConfig):
 
 def label_params(request: EngineRequest) -> dict:
     """Labels in place of the top-k: vLLM's own field at generated positions, probserve's
-    plugin (probserve.engine.vllm_fence) at prompt positions; the full vocabulary in token-id
+    plugin (serve_app.engine.vllm_fence) at prompt positions; the full vocabulary in token-id
     order, from the request's first row."""
     labels = request.logprob_token_ids
     if not labels:

@@ -3,7 +3,7 @@ request that reads the KV cache of the windows before it. Full-vocabulary rows c
 as soon as their window ends instead of after the whole prompt (vLLM returns a prompt's rows
 only when its prefill ends), and no process holds more than a window of [positions x
 vocabulary]; and a background request's prefill holds the engine for one window at a time
-(probserve.engine.background).
+(serve_app.engine.background).
 
 Window k shows positions kW + 1 .. (k + 1)W: its prompt ends at its last position, and it may
 read the first kW tokens from the cache, whole blocks when W is a multiple of the KV block.
@@ -14,9 +14,9 @@ Only the last window, the whole prompt, generates what the request asks.
 
 import dataclasses
 
-from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs
+from serve_app.engine.wire import EngineRequest, EngineResult, PositionLogprobs
 
-# Windows a replica may compute before its caller takes them (probserve.front.replica_router):
+# Windows a replica may compute before its caller takes them (serve_app.front.replica_router):
 # the next is ready when the pool has written one, and two windows of rows wait in Ray's
 # object store, not the whole prompt's.
 RUN_AHEAD = 2

@@ -65,7 +65,7 @@ class EngineRequest:
     logprob_token_ids: list[int] | None = None
     # When the ingress sent it (wall clock, time.time()): the replica measures the wait from it.
     sent_at: float | None = None
-    # Whose request it is, set where it is built (probserve.api.admission), never defaulted: a
+    # Whose request it is, set where it is built (serve_app.api.admission), never defaulted: a
     # tenant's prefix caches are its own unless its model shares them (engine.replica).
     tenant: str = field(kw_only=True)
     # vLLM's scheduling priority, lower first: ONLINE for the API's callers, higher for batch
@@ -272,7 +272,7 @@ class EngineResult:
 
 
     def after(self, earlier: list["EngineResult"]) -> "EngineResult":
-        """The last window of a full-vocabulary prompt (probserve.engine.windows) joined with
+        """The last window of a full-vocabulary prompt (serve_app.engine.windows) joined with
         the windows before it: their rows first, the queue time of the first."""
         if not earlier:
             return self

@@ -1,6 +1,6 @@
 """OpenAI's Files and Batch endpoints for the ingress: uploads streamed to storage, files and
-batch records read back, each tenant's own (probserve.batch.storage); the batch runner
-(probserve.batch.runner) works the batches, each line through the online pipeline at the
+batch records read back, each tenant's own (serve_app.batch.storage); the batch runner
+(serve_app.batch.runner) works the batches, each line through the online pipeline at the
 batch's priority (`BatchAPI.line`). Storage is read off the ingress's event loop, in a thread:
 it may be a network volume, and a tenant's listing reads each of its records."""
 
@@ -14,22 +14,22 @@ from fastapi import Request
 from fastapi.responses import FileResponse, Response
 from ray.serve.handle import DeploymentHandle
 
-from probserve.api.request_models import (
+from serve_app.api.request_models import (
     BATCH_RULES,
     BatchRequest,
     ChatRequest,
     CompletionRequest,
     parse_request,
 )
-from probserve.batch import records
-from probserve.batch.storage import Storage
-from probserve.batch.upload import receive_upload, too_large
-from probserve.config import BatchConfig
-from probserve.errors import APIError, invalid
-from probserve.front.http import json_object, json_response
-from probserve.front.pipeline import ENDPOINTS, Endpoint, RequestPipeline
-from probserve.observe.metrics import RequestObserver
-from probserve.observe.request_log import RequestRecord, observed
+from serve_app.batch import records
+from serve_app.batch.storage import Storage
+from serve_app.batch.upload import receive_upload, too_large
+from serve_app.config import BatchConfig
+from serve_app.errors import APIError, invalid
+from serve_app.front.http import json_object, json_response
+from serve_app.front.pipeline import ENDPOINTS, Endpoint, RequestPipeline
+from serve_app.observe.metrics import RequestObserver
+from serve_app.observe.request_log import RequestRecord, observed
 
 MULTIPART_OVERHEAD = 64 << 10  # the boundaries and small fields around a file part
 PURPOSES = ("batch",)
@@ -68,7 +68,7 @@ class BatchAPI:
         self.storage = Storage(config.root())
 
     async def line(self, tenant_name: str, endpoint: str, body: dict) -> dict:
-        """One request line of a batch (probserve.batch.runner) for its tenant, through the
+        """One request line of a batch (serve_app.batch.runner) for its tenant, through the
         endpoint's own parse, admission and charge: its status, answer or refusal's envelope,
         request id and the wait a refusal names."""
         record = RequestRecord(request_id=uuid.uuid4().hex, method="POST", endpoint=f"batch {endpoint}")

@@ -10,23 +10,23 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from ray.serve.handle import DeploymentHandle
 
-from probserve.api import chat, completions
-from probserve.api.admission import Admitted
-from probserve.api.request_models import ChatRequest, CompletionRequest
-from probserve.config import AppConfig
-from probserve.engine.wire import EngineResult
-from probserve.errors import APIError, overloaded
-from probserve.front.http import streaming_body
-from probserve.fullvocab import npy
-from probserve.fullvocab.compression import accepts_gzip
-from probserve.fullvocab.json_rows import piece_positions
-from probserve.fullvocab.relay import full_vocab_body
-from probserve.fullvocab.response import chat_json_parts, json_parts
-from probserve.fullvocab.streamed import StreamedRows
-from probserve.gate import Gate
-from probserve.observe.metrics import HeldGauge
-from probserve.observe.request_log import RequestRecord
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api import chat, completions
+from serve_app.api.admission import Admitted
+from serve_app.api.request_models import ChatRequest, CompletionRequest
+from serve_app.config import AppConfig
+from serve_app.engine.wire import EngineResult
+from serve_app.errors import APIError, overloaded
+from serve_app.front.http import streaming_body
+from serve_app.fullvocab import npy
+from serve_app.fullvocab.compression import accepts_gzip
+from serve_app.fullvocab.json_rows import piece_positions
+from serve_app.fullvocab.relay import full_vocab_body
+from serve_app.fullvocab.response import chat_json_parts, json_parts
+from serve_app.fullvocab.streamed import StreamedRows
+from serve_app.gate import Gate
+from serve_app.observe.metrics import HeldGauge
+from serve_app.observe.request_log import RequestRecord
+from serve_app.text.vocabulary import Vocabulary
 
 
 def check_form(request: Request, full_vocab: bool) -> None:

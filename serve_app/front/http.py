@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from probserve.errors import APIError, error_envelope
-from probserve.observe.request_log import RequestRecord
+from serve_app.errors import APIError, error_envelope
+from serve_app.observe.request_log import RequestRecord
 
 logger = logging.getLogger("probserve.ingress")
 HTTP_ERROR_CODES = {404: "not_found", 405: "method_not_allowed"}

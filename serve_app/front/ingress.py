@@ -1,7 +1,7 @@
 """Ingress: the HTTP front door, which routes. Each generating endpoint runs the request
-pipeline (probserve.front.pipeline: parse -> admit -> charge -> send -> shape); Files and
-Batches are the batch front's (probserve.front.batch_api); the viewer's files its own
-(probserve.front.viewer).
+pipeline (serve_app.front.pipeline: parse -> admit -> charge -> send -> shape); Files and
+Batches are the batch front's (serve_app.front.batch_api); the viewer's files its own
+(serve_app.front.viewer).
 """
 
 import asyncio
@@ -12,23 +12,23 @@ from fastapi.responses import RedirectResponse, Response
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from probserve.api import tokenize
-from probserve.api.model_list import model_card
-from probserve.api.openapi import install_openapi
-from probserve.api.request_models import DETOKENIZE_RULES, TOKENIZE_RULES, DetokenizeRequest, TokenizeRequest
-from probserve.config import AppConfig
-from probserve.errors import not_ready
-from probserve.front.batch_api import BatchAPI
-from probserve.front.full_vocab import FullVocabResponses
-from probserve.front.http import install_error_handlers, json_response
-from probserve.front.pipeline import CHAT, COMPLETIONS, RequestPipeline, record_of
-from probserve.front.replica_client import ReplicaClient
-from probserve.front.viewer import ViewerFiles
-from probserve.observe.availability import ReplicaStates, running_replicas, serve_details
-from probserve.observe.metrics import RequestObserver
-from probserve.observe.request_log import ObservedRequests
-from probserve.tenants.access import Access
-from probserve.tenants.usage import usage_body
+from serve_app.api import tokenize
+from serve_app.api.model_list import model_card
+from serve_app.api.openapi import install_openapi
+from serve_app.api.request_models import DETOKENIZE_RULES, TOKENIZE_RULES, DetokenizeRequest, TokenizeRequest
+from serve_app.config import AppConfig
+from serve_app.errors import not_ready
+from serve_app.front.batch_api import BatchAPI
+from serve_app.front.full_vocab import FullVocabResponses
+from serve_app.front.http import install_error_handlers, json_response
+from serve_app.front.pipeline import CHAT, COMPLETIONS, RequestPipeline, record_of
+from serve_app.front.replica_client import ReplicaClient
+from serve_app.front.viewer import ViewerFiles
+from serve_app.observe.availability import ReplicaStates, running_replicas, serve_details
+from serve_app.observe.metrics import RequestObserver
+from serve_app.observe.request_log import ObservedRequests
+from serve_app.tenants.access import Access
+from serve_app.tenants.usage import usage_body
 
 # No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
 # /openapi.json is the contract, for any OpenAPI viewer.
@@ -83,7 +83,7 @@ class Ingress:
 
     @app.get("/ui/", include_in_schema=False)
     async def viewer_page(self) -> Response:
-        """The token-probability viewer (probserve.front.viewer)."""
+        """The token-probability viewer (serve_app.front.viewer)."""
         return self.viewer.response("index.html")
 
     @app.get("/ui/{name}", include_in_schema=False)
@@ -101,7 +101,7 @@ class Ingress:
 
     @app.get("/v1/usage")
     async def usage(self, request: Request) -> Response:
-        """The caller's tenant's usage (probserve.tenants.usage)."""
+        """The caller's tenant's usage (serve_app.tenants.usage)."""
         name = await self.pipeline.tenant_name(request)
         return json_response(usage_body(name, await self.pipeline.access.stored_usage(name)))
 
@@ -114,7 +114,7 @@ class Ingress:
         return await self.pipeline.respond(request, CHAT)
 
     async def batch_line(self, tenant_name: str, endpoint: str, body: dict) -> dict:
-        """One line of a batch, for the batch runner (probserve.batch.runner)."""
+        """One line of a batch, for the batch runner (serve_app.batch.runner)."""
         return await self.batch.line(tenant_name, endpoint, body)
 
     def app_config(self) -> AppConfig:
@@ -160,7 +160,7 @@ class Ingress:
     @app.get("/tokenizer_info")
     async def tokenizer_info(self, request: Request, model: str | None = None) -> Response:
         """The tokenizer's configuration in vLLM's shape, of `?model=` or the caller's only
-        model (probserve.api.tokenize)."""
+        model (serve_app.api.tokenize)."""
         tenant = await self.pipeline.tenant(request)
         chosen = self.pipeline.model(model if model is not None else self.pipeline.only_model(tenant), tenant)
         record_of(request).model = chosen.name

@@ -1,8 +1,8 @@
 """The request pipeline behind the ingress's handlers: parse -> admit -> charge -> send ->
-shape. The body parsed strictly for the caller's tenant (probserve.api.request_models), every
-check and the engine requests (probserve.api.admission), the model replicas
-(probserve.front.replica_client), the response (probserve.api.completions, chat, streaming;
-probserve.front.full_vocab). /v1/completions and /v1/chat/completions differ only in what
+shape. The body parsed strictly for the caller's tenant (serve_app.api.request_models), every
+check and the engine requests (serve_app.api.admission), the model replicas
+(serve_app.front.replica_client), the response (serve_app.api.completions, chat, streaming;
+serve_app.front.full_vocab). /v1/completions and /v1/chat/completions differ only in what
 `Endpoint` names.
 
 Nothing invalid reaches a model replica: every check runs before any replica call.
@@ -16,22 +16,22 @@ from functools import partial
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from probserve.api import admission, chat, completions
-from probserve.api.admission import Admitted
-from probserve.api.request_models import ChatRequest, CompletionRequest, StrictRequest, parse_request
-from probserve.api.streaming import ChatStream, ChoiceStream, CompletionStream
-from probserve.config import AppConfig, Capabilities, ModelConfig
-from probserve.engine.wire import ONLINE, Caller, EngineResult
-from probserve.errors import APIError, invalid
-from probserve.front.full_vocab import FullVocabResponses, check_form, record_results
-from probserve.front.http import event_stream, json_object, json_response
-from probserve.front.replica_client import ReplicaClient
-from probserve.fullvocab.streamed import StreamedRows
-from probserve.gate import once
-from probserve.observe.request_log import RequestRecord
-from probserve.tenants.access import Access
-from probserve.tenants.keyring import UNLIMITED, Tenant
-from probserve.text.vocabulary import Vocabulary
+from serve_app.api import admission, chat, completions
+from serve_app.api.admission import Admitted
+from serve_app.api.request_models import ChatRequest, CompletionRequest, StrictRequest, parse_request
+from serve_app.api.streaming import ChatStream, ChoiceStream, CompletionStream
+from serve_app.config import AppConfig, Capabilities, ModelConfig
+from serve_app.engine.wire import ONLINE, Caller, EngineResult
+from serve_app.errors import APIError, invalid
+from serve_app.front.full_vocab import FullVocabResponses, check_form, record_results
+from serve_app.front.http import event_stream, json_object, json_response
+from serve_app.front.replica_client import ReplicaClient
+from serve_app.fullvocab.streamed import StreamedRows
+from serve_app.gate import once
+from serve_app.observe.request_log import RequestRecord
+from serve_app.tenants.access import Access
+from serve_app.tenants.keyring import UNLIMITED, Tenant
+from serve_app.text.vocabulary import Vocabulary
 
 FieldRules = Callable[[Capabilities | None], dict[str, str]]
 
@@ -53,7 +53,7 @@ class Endpoint:
 
     path: str
     request: type[CompletionRequest | ChatRequest]
-    chat: bool  # the field rules of chat (probserve.api.admission.rules)
+    chat: bool  # the field rules of chat (serve_app.api.admission.rules)
     admit: Callable[..., Admitted]
     answer: Callable[..., dict]
     stream: type[ChoiceStream]

@@ -3,7 +3,7 @@ back, each model's readiness, and a replica's failures as the client's 503.
 
 Ray Serve holds a request for a deployment without a running replica until one starts (after
 a node is lost, until another joins): a model that should always have one is refused at once
-instead, and checked again while its requests wait (probserve.observe.availability)."""
+instead, and checked again while its requests wait (serve_app.observe.availability)."""
 
 import asyncio
 import dataclasses
@@ -16,13 +16,13 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
-from probserve.api.streaming import ChoiceStream, event
-from probserve.config import AppConfig, model_deployment_name
-from probserve.engine.transient import TRANSIENT, cancel_call
-from probserve.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
-from probserve.errors import APIError, error_envelope, not_ready, overloaded
-from probserve.observe.availability import ReplicaStates
-from probserve.observe.request_log import RequestRecord
+from serve_app.api.streaming import ChoiceStream, event
+from serve_app.config import AppConfig, model_deployment_name
+from serve_app.engine.transient import TRANSIENT, cancel_call
+from serve_app.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
+from serve_app.errors import APIError, error_envelope, not_ready, overloaded
+from serve_app.observe.availability import ReplicaStates
+from serve_app.observe.request_log import RequestRecord
 
 # How often a request waiting for its model checks that the model still has a replica.
 LOST_CHECK_S = 0.5

@@ -7,7 +7,7 @@ replica computed a prompt's windows as fast as its engine could, and Ray's objec
 every window's rows until the serializer pool wrote them: 200 MB at 1,024 positions of
 SmolLM2, and the store keeps the pages it has written. Here a `generate_full_vocab` call asks
 Ray for it: the replica pauses once `stream_items_ahead` items of its stream wait untaken
-(probserve.engine.windows), and goes on as the ingress takes them.
+(serve_app.engine.windows), and goes on as the ingress takes them.
 
 A request that finds every replica full waits in Serve's router, which tried again after a
 backoff (25 ms doubling to `router_max_backoff_s`), asking the full replicas their queue
@@ -18,7 +18,7 @@ longest wait before looking again, for places freed by other callers of the repl
 ingress replicas, batch and dataset work), which this router does not see end.
 
 A router, not a patch: Serve pickles its own router package by value into every handle's
-process, which puts back any method changed there (probserve.engine.vllm_fence.touch_points, item 6).
+process, which puts back any method changed there (serve_app.engine.vllm_fence.touch_points, item 6).
 """
 
 import asyncio

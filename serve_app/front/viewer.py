@@ -1,4 +1,4 @@
-"""The token-probability viewer (probserve/ui), served by the ingress at /ui.
+"""The token-probability viewer (serve_app/ui), served by the ingress at /ui.
 
 The page is three static files read once from the package. It calls the public API with the
 caller's key, like any client, so it needs nothing of the ingress but these files. Every file
@@ -10,7 +10,7 @@ from importlib import resources
 
 from fastapi.responses import Response
 
-from probserve.errors import APIError
+from serve_app.errors import APIError
 
 MEDIA_TYPES = {"index.html": "text/html; charset=utf-8",
                "viewer.js": "text/javascript; charset=utf-8",
@@ -30,7 +30,7 @@ class ViewerFiles:
     """The page's files when the viewer is on (ingress.ui); 404 `not_found` otherwise."""
 
     def __init__(self, enabled: bool):
-        folder = resources.files("probserve.ui")
+        folder = resources.files("serve_app.ui")
         self.files = {name: folder.joinpath(name).read_bytes() for name in MEDIA_TYPES} if enabled else {}
 
     def response(self, name: str) -> Response:

@@ -13,8 +13,8 @@ import numba
 import numpy as np
 import orjson
 
-from probserve.engine.wire import FullVocabRows, RankedRows
-from probserve.vllm_constants import NEG_INF_LOGPROB
+from serve_app.engine.wire import FullVocabRows, RankedRows
+from serve_app.vllm_constants import NEG_INF_LOGPROB
 
 # Byte offsets fit 32 bits (a position is a few MB, the tables tens).
 OFFSET = np.int32

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from probserve.engine.wire import FullVocabRows
-from probserve.fullvocab.compression import admits
-from probserve.fullvocab.streamed import StreamedRows
+from serve_app.engine.wire import FullVocabRows
+from serve_app.fullvocab.compression import admits
+from serve_app.fullvocab.streamed import StreamedRows
 
 MEDIA_TYPE = "application/x-npy"
 MAGIC = b"\x93NUMPY\x01\x00"  # format version 1.0

@@ -11,15 +11,15 @@ from contextlib import asynccontextmanager
 import numpy as np
 from ray import serve
 
-from probserve.config import AppConfig
-from probserve.fullvocab import npy
-from probserve.fullvocab.compression import deflate_part
-from probserve.fullvocab.json_rows import EntryFragments, chunk_json, position_json
-from probserve.fullvocab.niceness import lower_priority
-from probserve.fullvocab.npy import NpyChunk
-from probserve.fullvocab.streamed import RowsPiece
-from probserve.observe.metrics import PoolMetrics
-from probserve.text.vocabulary import Vocabulary
+from serve_app.config import AppConfig
+from serve_app.fullvocab import npy
+from serve_app.fullvocab.compression import deflate_part
+from serve_app.fullvocab.json_rows import EntryFragments, chunk_json, position_json
+from serve_app.fullvocab.niceness import lower_priority
+from serve_app.fullvocab.npy import NpyChunk
+from serve_app.fullvocab.streamed import RowsPiece
+from serve_app.observe.metrics import PoolMetrics
+from serve_app.text.vocabulary import Vocabulary
 
 
 @serve.deployment
@@ -57,7 +57,7 @@ class SerializerPool:
         return part, len(text), len(part.data)
 
     async def write_npy(self, model: str, chunk: NpyChunk) -> bytes:
-        """The chunk's `.npy` records (probserve.fullvocab.npy)."""
+        """The chunk's `.npy` records (serve_app.fullvocab.npy)."""
         async with self.holding():
             rows = await chunk.rows
             records = await asyncio.to_thread(npy.chunk_records, chunk, rows)

@@ -1,5 +1,5 @@
 """The full-vocabulary body, relayed: the response's text around its arrays
-(probserve.fullvocab.response), each array's chunks (or pieces of them) written by the
+(serve_app.fullvocab.response), each array's chunks (or pieces of them) written by the
 serializer pool, several at once, and sent in order as they come.
 
 At most `window` calls of one response are in the pool or waiting to be sent: a slow client
@@ -11,8 +11,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Protocol
 
-from probserve.engine.transient import cancel_call
-from probserve.fullvocab.compression import GzipJoiner, deflate_part
+from serve_app.engine.transient import cancel_call
+from serve_app.fullvocab.compression import GzipJoiner, deflate_part
 
 
 class Call(Awaitable, Protocol):

@@ -1,4 +1,4 @@
-"""A full-vocabulary response's JSON, as parts the relay streams (probserve.fullvocab.relay):
+"""A full-vocabulary response's JSON, as parts the relay streams (serve_app.fullvocab.relay):
 text as bytes, and in each place of `prompt_logprobs` its prompt's chunks as the replica
 computes them, which the serializer pool writes. The arrays are far too big to hold as one
 body, and `prompt_logprobs` comes first (in each choice of a completion, at the top of a chat
@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from probserve.engine.wire import EngineResult
-from probserve.fullvocab.streamed import StreamedRows, pieces_of
+from serve_app.engine.wire import EngineResult
+from serve_app.fullvocab.streamed import StreamedRows, pieces_of
 
 
 async def json_parts(head: dict, prompts: list[StreamedRows], n: int,

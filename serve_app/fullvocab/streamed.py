@@ -1,12 +1,12 @@
 """One prompt's full-vocabulary rows as its model replica computes them, window by window
-(probserve.engine.windows): the body streams each window's chunks as it comes (again for
+(serve_app.engine.windows): the body streams each window's chunks as it comes (again for
 each later choice of the prompt) and shapes the rest of the choice once the last one came."""
 
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from probserve.engine.wire import EngineResult, FullVocabParts
+from serve_app.engine.wire import EngineResult, FullVocabParts
 
 
 class StreamedRows:

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from probserve.observe.request_log import RequestRecord, request_logger
+from serve_app.observe.request_log import RequestRecord, request_logger
 
 SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300]
 TOKENS_PER_SECOND_BUCKETS = [10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000,
@@ -33,7 +33,7 @@ class Metric:
 REQUEST_TAGS = ("endpoint", "model", "status")
 TENANT_TAGS = ("endpoint", "model", "tenant")
 METRICS = [
-    # Ingress: one observation per HTTP request (probserve.observe.request_log.RequestRecord).
+    # Ingress: one observation per HTTP request (serve_app.observe.request_log.RequestRecord).
     Metric("probserve_requests_total", "counter", (*REQUEST_TAGS, "code", "tenant"),
            "HTTP requests by endpoint, model, status, error code (empty on success) and tenant"),
     Metric("probserve_request_duration_seconds", "histogram", REQUEST_TAGS,

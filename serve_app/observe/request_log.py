@@ -154,7 +154,7 @@ def observed(record: RequestRecord, observer: Observer, clock: Callable[[], floa
              started: float | None = None):
     """A request handed to the observer as it starts, then timed from `started` (now if None),
     its after-request actions run and handed over again: an HTTP request (the middleware) or a
-    batch line (probserve.batch.runner)."""
+    batch line (serve_app.batch.runner)."""
     started = clock() if started is None else started
     observer.started(record)
     try:

@@ -1,16 +1,16 @@
 """Builds the Ray Serve application from a configuration: the import path of the Serve config
-files (`import_path: probserve.ops.app:build_app`, with the AppConfig as `args`)."""
+files (`import_path: serve_app.ops.app:build_app`, with the AppConfig as `args`)."""
 
 from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 
-from probserve.batch.runner import BatchRunner
-from probserve.config import AppConfig, model_deployment_name
-from probserve.engine.replica import ModelReplica
-from probserve.engine.windows import stream_items_ahead
-from probserve.front.ingress import Ingress
-from probserve.front.replica_router import BoundedStreamRouter
-from probserve.fullvocab.pool import SerializerPool
+from serve_app.batch.runner import BatchRunner
+from serve_app.config import AppConfig, model_deployment_name
+from serve_app.engine.replica import ModelReplica
+from serve_app.engine.windows import stream_items_ahead
+from serve_app.front.ingress import Ingress
+from serve_app.front.replica_router import BoundedStreamRouter
+from serve_app.fullvocab.pool import SerializerPool
 
 
 def build_app(args: dict, replica: Deployment | None = None) -> Application:

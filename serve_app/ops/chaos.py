@@ -4,7 +4,7 @@ service were killed.
 bench/chaos.py and tests/e2e/test_chaos.py kill the parts of a local service under it; a
 platform team can point the same load at its own deployment while it deletes pods:
 
-    python -m probserve.ops.chaos --url http://HOST:8000 --model M --rate 8 --seconds 300 --key K1 --key K2
+    python -m serve_app.ops.chaos --url http://HOST:8000 --model M --rate 8 --seconds 300 --key K1 --key K2
 
 Each request sent ends as exactly one of OUTCOMES (phases() checks that they add up):
 - answered: a 200 whose whole body gives the numbers the same request got before the kills:

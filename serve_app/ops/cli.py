@@ -8,10 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from probserve.ops import local_ray, processes, supervisor
-from probserve.store.model_store import BUILDERS, prepare
-from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile
+from serve_app.ops import local_ray, processes, supervisor
+from serve_app.store.model_store import BUILDERS, prepare
+from serve_app.tenants import keyring
+from serve_app.tenants.keyring import KeyFile
 
 
 def serve_config(path: Path) -> tuple[dict, dict, str]:
@@ -26,7 +26,7 @@ def serve_config(path: Path) -> tuple[dict, dict, str]:
 
 
 def command_prepare(options: argparse.Namespace) -> None:
-    from probserve.store.home import apply_cache_environment
+    from serve_app.store.home import apply_cache_environment
 
     unknown = sorted(set(options.names) - set(BUILDERS))
     if unknown:
@@ -82,7 +82,7 @@ def command_serve(options: argparse.Namespace) -> None:
     if options.address:
         deploy_on_cluster(args, host, port, options.address, proxy_location)
         return
-    driver = [sys.executable, "-m", "probserve.ops.cli", "serve", "--config", str(options.config),
+    driver = [sys.executable, "-m", "serve_app.ops.cli", "serve", "--config", str(options.config),
               "--host", host, "--port", str(port), "--metrics-port", str(options.metrics_port), "--driver"]
     ports = {"HTTP": port, "Ray's metrics": options.metrics_port}
     if local_ray.ray_environment()[local_ray.HAPROXY] == "1":
@@ -103,7 +103,7 @@ def deploy_on_cluster(args: dict, host: str, port: int, address: str, proxy_loca
 
 
 def serve_here(args: dict, host: str, port: int, metrics_port: int, proxy_location: str) -> None:
-    """The Ray driver under `probserve serve`'s supervisor (probserve.ops.supervisor): Ray on
+    """The Ray driver under `probserve serve`'s supervisor (serve_app.ops.supervisor): Ray on
     this machine and the application, until SIGTERM or Ctrl-C, then Serve and Ray stopped."""
     supervisor.exit_on_sigterm()
     started = time.monotonic()
@@ -123,9 +123,9 @@ def serve_here(args: dict, host: str, port: int, metrics_port: int, proxy_locati
 
 
 def command_score(options: argparse.Namespace) -> None:
-    from probserve.batch.dataset import ScoreOptions
-    from probserve.batch.scoring import score_dataset
-    from probserve.errors import APIError
+    from serve_app.batch.dataset import ScoreOptions
+    from serve_app.batch.scoring import score_dataset
+    from serve_app.errors import APIError
 
     asked = ScoreOptions(model=options.model, column=options.column, id_column=options.id_column,
                          top_k=options.top_k, labels=tuple(options.labels or ()),
@@ -189,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, default=local_ray.METRICS_PORT,
                        help="Ray's metrics export port, where Prometheus scrapes every process's "
                             "metrics (default %(default)s; a cluster joined with --address has its own)")
-    # The supervisor starts the command again as its Ray driver (probserve.ops.supervisor).
+    # The supervisor starts the command again as its Ray driver (serve_app.ops.supervisor).
     serve.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(run=command_serve)
 

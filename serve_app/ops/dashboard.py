@@ -1,5 +1,5 @@
-"""The Grafana dashboard over probserve's metrics (probserve.observe.metrics), built from the panel list
-below: `python -m probserve.ops.dashboard` writes `grafana/probserve.json`, which a test keeps equal
+"""The Grafana dashboard over probserve's metrics (serve_app.observe.metrics), built from the panel list
+below: `python -m serve_app.ops.dashboard` writes `grafana/probserve.json`, which a test keeps equal
 to this list and whose every query it runs against a real Prometheus.
 """
 

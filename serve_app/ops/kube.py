@@ -6,7 +6,7 @@ ingress, the serializer pool and any model without such a resource on the CPU gr
 file and the base RayService (k8s/base/rayservice.yaml) this module writes each overlay's
 `serve.yaml`: a JSON patch that sets serveConfigV2 to the file, adds a worker group per model
 (its pod sized from the model's `num_cpus`, `num_gpus` and `memory`) and sizes the CPU group.
-`python -m probserve.ops.kube` writes them; a test fails when the committed ones differ.
+`python -m serve_app.ops.kube` writes them; a test fails when the committed ones differ.
 """
 
 import copy
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from probserve.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "k8s" / "base" / "rayservice.yaml"
@@ -27,7 +27,7 @@ CPU_GROUP_RESOURCE = "probserve-cpu"
 MODEL_GROUP_PREFIX = "probserve-model-"
 MODELS_MOUNT = "/models"
 # The Files and Batch APIs' folder (batch.storage), shared by every CPU pod (k8s/batch-volume).
-BATCH_MOUNT = "/var/lib/probserve/batch"
+BATCH_MOUNT = "/var/lib/serve_app/batch"
 GIB = 1 << 30
 # Per pod, beyond what the replicas ask: Ray's raylet and agents, and the object store (full-
 # vocabulary chunks on their way from a model replica to the pool: at most `window` chunks of
@@ -171,7 +171,7 @@ def render(overlay: str) -> str:
     source = OVERLAYS[overlay]
     document = yaml.safe_load((ROOT / source).read_text())
     patch = overlay_patch(document, yaml.safe_load(BASE.read_text()))
-    header = (f"# Generated from {source} and k8s/base/rayservice.yaml by `python -m probserve.ops.kube`:\n"
+    header = (f"# Generated from {source} and k8s/base/rayservice.yaml by `python -m serve_app.ops.kube`:\n"
               "# edit those and run it again (tests/unit/test_kube.py fails while they differ).\n")
     return header + yaml.dump(patch, Dumper=Dumper, sort_keys=False, width=100)
 
@@ -192,7 +192,7 @@ def pod_monitor() -> str:
                "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "probserve"}},
                         "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s",
                                                  "metricRelabelings": relabelings}]}}
-    return ("# Generated from grafana/prometheus.yml by `python -m probserve.ops.kube`: Ray's metrics agent\n"
+    return ("# Generated from grafana/prometheus.yml by `python -m serve_app.ops.kube`: Ray's metrics agent\n"
             "# on each pod's port 8080 exports every process's metrics on that node.\n"
             + yaml.safe_dump(monitor, sort_keys=False))
 

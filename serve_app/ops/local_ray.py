@@ -8,19 +8,19 @@ from collections import defaultdict
 
 import httpx
 
-from probserve.config import AppConfig
-from probserve.store.home import apply_cache_environment, keep_ray_token_at_home
-from probserve.store.model_store import BUILDERS, prepare
+from serve_app.config import AppConfig
+from serve_app.store.home import apply_cache_environment, keep_ray_token_at_home
+from serve_app.store.model_store import BUILDERS, prepare
 
 APP_NAME = "probserve"
 METRICS_PORT = 8080  # Ray's metrics export port on each node, as under KubeRay
 # What Ray's processes read from their environment when Ray starts on a node (the images set
 # the same: docker/). Serve's HTTP front loads its extra middlewares from the callback
-# (probserve.observe.request_log). HAProxy stands in for Serve's Python proxy and each ingress
+# (serve_app.observe.request_log). HAProxy stands in for Serve's Python proxy and each ingress
 # replica serves HTTP itself: 1.6x the small requests per second
 # (docs/benchmarks.md#shipped-settings-measured).
 PROXY_CALLBACK = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH":
-                  "probserve.observe.request_log:proxy_middlewares"}
+                  "serve_app.observe.request_log:proxy_middlewares"}
 HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
 # A stopping ingress replica stays reachable this long before it refuses connections, which
 # HAProxy then retries on another replica. Ray's 30 s is for a load balancer outside Ray that
@@ -82,11 +82,11 @@ def start(args: dict, host: str = "127.0.0.1", port: int = 8000, log_to_driver: 
     metrics from Ray's metrics agent at `metrics_port` (grafana/prometheus.yml). A cluster
     joined at `address` has its own metrics port, and its nodes their own models and
     environment (ray_environment): only the application is put on it. `replica`: the model
-    replicas' deployment, if not probserve's own (probserve.ops.app)."""
+    replicas' deployment, if not probserve's own (serve_app.ops.app)."""
     import ray
     from ray import serve
 
-    from probserve.ops.app import build_app
+    from serve_app.ops.app import build_app
 
     config = AppConfig.model_validate(args)
     if address is None:

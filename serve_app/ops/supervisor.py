@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 
-from probserve.ops import processes
+from serve_app.ops import processes
 
 # Ray's own stop for RAY_STOP_S at most, then SIGTERM to every process left and SIGKILL after
 # END_S: STOP_S bounds it all (docs/operations.md), within Kubernetes' default grace period

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from probserve.store.home import models_dir
+from serve_app.store.home import models_dir
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-llama"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from limits.storage import storage_from_string
 
-from probserve.config import TenancyConfig
-from probserve.errors import APIError
-from probserve.observe.request_log import RequestRecord
-from probserve.tenants.keyring import ANONYMOUS, UNLIMITED, Keyring, Tenant, WatchedKeyring
-from probserve.tenants.quotas import RateLimits, TenantQueues, request_tokens
-from probserve.tenants.usage import MemoryUsage, RedisUsage, counts
+from serve_app.config import TenancyConfig
+from serve_app.errors import APIError
+from serve_app.observe.request_log import RequestRecord
+from serve_app.tenants.keyring import ANONYMOUS, UNLIMITED, Keyring, Tenant, WatchedKeyring
+from serve_app.tenants.quotas import RateLimits, TenantQueues, request_tokens
+from serve_app.tenants.usage import MemoryUsage, RedisUsage, counts
 
 logger = logging.getLogger("probserve.access")
 
@@ -78,7 +78,7 @@ class Access:
             record.tenant, "tokens", tenant.limits.tokens_per_minute, cost, "this request's prompt tokens"))
 
     async def stored_usage(self, tenant: str) -> dict:
-        """The tenant's usage as stored (probserve.tenants.usage), else 503 `usage_unavailable`."""
+        """The tenant's usage as stored (serve_app.tenants.usage), else 503 `usage_unavailable`."""
         try:
             return await self.usage.read(tenant)
         except Exception as error:

@@ -22,8 +22,8 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from probserve.config import Capabilities, Strict
-from probserve.errors import APIError
+from serve_app.config import Capabilities, Strict
+from serve_app.errors import APIError
 
 KEY_PREFIX = "psk"
 ANONYMOUS = ""  # the tenant of every request when no key file is configured

@@ -20,9 +20,9 @@ from typing import Literal
 from limits import RateLimitItemPerMinute
 from limits.aio.strategies import SlidingWindowCounterRateLimiter
 
-from probserve.errors import APIError
-from probserve.gate import Gate
-from probserve.tenants.keyring import TenantLimits
+from serve_app.errors import APIError
+from serve_app.gate import Gate
+from serve_app.tenants.keyring import TenantLimits
 
 logger = logging.getLogger("probserve.quotas")
 

@@ -4,7 +4,7 @@ replica adds to the same figures), else in this ingress replica's memory, since 
 
 from collections import Counter, defaultdict
 
-from probserve.observe.request_log import RequestRecord
+from serve_app.observe.request_log import RequestRecord
 
 KEY_PREFIX = "probserve:usage:"
 TOKEN_FIELDS = ("prompt_tokens", "scored_tokens", "generated_tokens", "full_vocab_bytes")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tokenizers.decoders import DecodeStream
 
-from probserve.text.vocabulary import Vocabulary
+from serve_app.text.vocabulary import Vocabulary
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""The token-probability viewer's page: static files that probserve.front.viewer serves at /ui."""
+"""The token-probability viewer's page: static files that serve_app.front.viewer serves at /ui."""

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from probserve.ops import local_ray
-from probserve.store.model_store import (
+from serve_app.ops import local_ray
+from serve_app.store.model_store import (
     SMOLLM2,
     TINY,
     TINY_BOS,

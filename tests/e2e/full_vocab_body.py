@@ -1,6 +1,6 @@
 """A full-vocabulary JSON body read as it streams, never held whole (a SmolLM2 position is
 3.4 MB of JSON, a test's body up to a GB): its entries counted, each position's rank-1 entry
-kept in order, and the body around its rows parsed (probserve.fullvocab.json_rows writes
+kept in order, and the body around its rows parsed (serve_app.fullvocab.json_rows writes
 each entry as `"<id>":{"logprob":<lp>,"rank":<r>,"decoded_token":"<text>"}`)."""
 
 import re

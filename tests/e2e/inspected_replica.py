@@ -7,7 +7,7 @@ from collections import Counter, deque
 
 from ray import cloudpickle, serve
 
-from probserve.engine.replica import ModelReplica
+from serve_app.engine.replica import ModelReplica
 
 # The engine requests whose tenant and cache reads the replica keeps, and how many of each
 # prompt's first ids tell it apart.

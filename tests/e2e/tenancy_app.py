@@ -9,10 +9,10 @@ import time
 import pytest
 from ray import serve
 
-from probserve.ops.app import build_app
-from probserve.store.model_store import TINY, TINY_BOS
-from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
+from serve_app.ops.app import build_app
+from serve_app.store.model_store import TINY, TINY_BOS
+from serve_app.tenants import keyring
+from serve_app.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
 from tests.e2e.conftest import TINY_KV_GIB, free_port
 from tests.e2e.inspected_replica import INSPECTED_REPLICA
 

@@ -8,8 +8,8 @@ import time
 import httpx
 from ray import serve
 
-from probserve.ops.app import model_deployment_name
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.app import model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import AUTOSCALING, AUTOSCALING_MODEL
 
 LIMIT_S = 240

@@ -14,9 +14,9 @@ import openai
 import orjson
 import pytest
 
-from probserve.ops.chaos import kill_one
-from probserve.ops.local_ray import APP_NAME
-from probserve.store.model_store import SMOLLM2
+from serve_app.ops.chaos import kill_one
+from serve_app.ops.local_ray import APP_NAME
+from serve_app.store.model_store import SMOLLM2
 from tests.e2e.conftest import (
     BATCH_MAX_FILE_BYTES,
     CONFIG,

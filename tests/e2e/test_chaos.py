@@ -1,6 +1,6 @@
 """Chaos under load: a steady mixed load (small requests, echo scoring, streams, full
 distributions through the serializer pool) while HAProxy, the ingress replica, the Serve
-controller and a pool worker are each killed once, in turn (probserve.ops.chaos). Nothing is
+controller and a pool worker are each killed once, in turn (serve_app.ops.chaos). Nothing is
 lost, nothing is wrong, and full service comes back after each. The engine's death under a
 request is tests/e2e/test_faults.py's; Redis's, tests/e2e/test_tenancy.py's. It runs last
 (tests/conftest.py): the others need not wait for the parts it kills to come back."""
@@ -11,8 +11,8 @@ import functools
 import numpy as np
 import pytest
 
-from probserve.ops.chaos import Position, SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.chaos import Position, SteadyLoad, kill_one, processes, standard_kinds, table, under_chaos
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_texts
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from probserve.config import Capabilities
-from probserve.store.model_store import SMOLLM2, TINY_SIBLING
+from serve_app.config import Capabilities
+from serve_app.store.model_store import SMOLLM2, TINY_SIBLING
 from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k, assert_top_texts
 from tests.e2e.text_pieces import assert_pieces, special_tokens

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from probserve.store.model_store import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
+from serve_app.store.model_store import SMOLLM2, TINY, TINY_BOS, TINY_SENTENCEPIECE, embedded_model_path
 from tests.e2e.conftest import MODEL
 from tests.e2e.reference import TOLERANCE, Reference, assert_rank, assert_top_texts
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from probserve.batch.dataset import ScoreOptions
-from probserve.batch.scoring import score_dataset
+from serve_app.batch.dataset import ScoreOptions
+from serve_app.batch.scoring import score_dataset
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
 from tests.e2e.reference import TOLERANCE, assert_top_k
 from tests.e2e.test_online_first import BACKGROUND, requests_by_priority

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 from ray import serve
 
-from probserve.ops.app import model_deployment_name
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.app import model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL
 
 

@@ -7,8 +7,8 @@ import re
 import pytest
 from ray import serve
 
-from probserve.ops.app import model_deployment_name
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.app import model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import FULL_VOCAB_MAX, MAX_LOGPROBS, MAX_MODEL_LEN, MAX_SCORED, MODEL
 
 ERRORS_DOC = pathlib.Path(__file__).parents[2] / "docs" / "errors.md"

@@ -10,8 +10,8 @@ import httpx
 import psutil
 from ray import serve
 
-from probserve.ops.app import model_deployment_name
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.app import model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import MAX_MODEL_LEN, MODEL, SMALL_QUEUE_MODEL
 
 RECOVERY_LIMIT_S = 240

@@ -11,10 +11,10 @@ import pytest
 import ray
 from ray import serve
 
-from probserve.config import model_deployment_name
-from probserve.engine.windows import RUN_AHEAD, stream_items_ahead, window_starts
-from probserve.engine.wire import EngineRequest, EngineResult
-from probserve.ops.local_ray import APP_NAME
+from serve_app.config import model_deployment_name
+from serve_app.engine.windows import RUN_AHEAD, stream_items_ahead, window_starts
+from serve_app.engine.wire import EngineRequest, EngineResult
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import (
     CHUNK_POSITIONS,
     FAMILIES,
@@ -210,7 +210,7 @@ def test_a_replica_computes_a_bounded_run_of_windows_ahead_of_its_caller():
     """Ray Serve streams with no backpressure of its own: a stream nobody reads runs to its
     end (the token stream below), and a full-vocabulary one left every window's rows in Ray's
     object store. The model's router sends it with Ray's generator backpressure
-    (probserve.front.replica_router): the replica pauses with two windows' items untaken."""
+    (serve_app.front.replica_router): the replica pauses with two windows' items untaken."""
     replica = serve.get_deployment_handle(model_deployment_name(MODEL), app_name=APP_NAME)
     tokens = EngineRequest(prompt_token_ids=list(range(5, 15)), max_tokens=40, temperature=0.0, top_p=1.0,
                            tenant="t", priority=0)

@@ -15,10 +15,10 @@ import orjson
 import pytest
 from ray import serve
 
-from probserve.batch.dataset import ScoreOptions
-from probserve.batch.scoring import score_dataset
-from probserve.ops.app import model_deployment_name
-from probserve.store.model_store import TINY
+from serve_app.batch.dataset import ScoreOptions
+from serve_app.batch.scoring import score_dataset
+from serve_app.ops.app import model_deployment_name
+from serve_app.store.model_store import TINY
 from tests.e2e.inspected_replica import PROMPT_KEPT
 from tests.e2e.tenancy_app import APP, as_
 

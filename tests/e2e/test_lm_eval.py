@@ -11,7 +11,7 @@ import random
 import pytest
 
 from bench.lm_eval_task import write_task
-from probserve.store.model_store import TINY, embedded_model_path
+from serve_app.store.model_store import TINY, embedded_model_path
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.tenancy_app import as_
 

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from probserve.observe.metrics import METRICS
-from probserve.ops.dashboard import PANELS, dashboard_text
+from serve_app.observe.metrics import METRICS
+from serve_app.ops.dashboard import PANELS, dashboard_text
 from tests.e2e.conftest import MODEL
 from tests.e2e.prometheus import GRAFANA, SCRAPE_INTERVAL_S
 from tests.e2e.test_batch import request_line, run_batch, scoring
@@ -203,7 +203,7 @@ def test_every_defined_metric_is_exported(exported):
 
 def test_the_committed_dashboard_is_the_generated_one():
     assert (GRAFANA / "probserve.json").read_bytes() == dashboard_text(), \
-        "run: .venv/bin/python -m probserve.ops.dashboard"
+        "run: .venv/bin/python -m serve_app.ops.dashboard"
 
 
 def test_alert_rules_are_valid_and_their_tests_pass():

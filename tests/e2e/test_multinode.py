@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from probserve.ops.local_ray import APP_NAME, ray_environment
-from probserve.store.home import apply_cache_environment
+from serve_app.ops.local_ray import APP_NAME, ray_environment
+from serve_app.store.home import apply_cache_environment
 from tests.e2e.conftest import MODEL, TINY_KV_GIB, free_port
 from tests.e2e.ray_cluster import RayNode, node_options
 from tests.e2e.waiting import poll_until
@@ -39,7 +39,7 @@ def serve_config(port: int) -> dict:
     return {
         "proxy_location": "HeadOnly",
         "http_options": {"host": "127.0.0.1", "port": port},
-        "applications": [{"name": APP_NAME, "route_prefix": "/", "import_path": "probserve.ops.app:build_app",
+        "applications": [{"name": APP_NAME, "route_prefix": "/", "import_path": "serve_app.ops.app:build_app",
                           "args": {
                               "models": [{"name": MODEL, "capabilities": {"max_model_len": 512},
                                           "health_check_period_s": 2, "cpu_kv_cache_gib": TINY_KV_GIB,

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from ray import serve
 
-from probserve.config import BatchConfig, ModelConfig
-from probserve.engine.wire import ONLINE, EngineRequest
-from probserve.ops.app import model_deployment_name
-from probserve.ops.local_ray import APP_NAME
-from probserve.store.model_store import TINY_BOS
+from serve_app.config import BatchConfig, ModelConfig
+from serve_app.engine.wire import ONLINE, EngineRequest
+from serve_app.ops.app import model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
+from serve_app.store.model_store import TINY_BOS
 from tests.e2e.conftest import BACKGROUND_QUIET_S, KV_BLOCKS, MAX_MODEL_LEN, MODEL
 from tests.e2e.waiting import poll_until
 

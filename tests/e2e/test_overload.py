@@ -11,7 +11,7 @@ import orjson
 import psutil
 import pytest
 
-from probserve.ops.local_ray import APP_NAME
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import FULL_VOCAB_MAX, MODEL, ONE_WINDOW, SMALL_QUEUE, SMALL_QUEUE_MODEL
 from tests.e2e.full_vocab_body import ROWS_WRITTEN, StreamedRows
 from tests.e2e.test_prefix_reuse import settled_series

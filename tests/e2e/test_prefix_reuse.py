@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from probserve.config import ScoredCacheConfig
+from serve_app.config import ScoredCacheConfig
 from tests.e2e.conftest import FAMILIES, KV_BLOCKS, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.waiting import REPORT_S, SETTLE_S, settled_reading

@@ -6,8 +6,8 @@ import uuid
 
 import orjson
 
-from probserve.observe.request_log import well_formed_request_id
-from probserve.store.home import probserve_home
+from serve_app.observe.request_log import well_formed_request_id
+from serve_app.store.home import probserve_home
 from tests.e2e.conftest import MODEL
 
 LOG_WAIT_S = 20

@@ -13,8 +13,8 @@ import psutil
 from ray import serve
 from transformers import AutoConfig
 
-from probserve.ops.local_ray import APP_NAME
-from probserve.store.model_store import SMOLLM2, embedded_model_path
+from serve_app.ops.local_ray import APP_NAME
+from serve_app.store.model_store import SMOLLM2, embedded_model_path
 from tests.e2e.conftest import MODEL, ONE_WINDOW
 from tests.e2e.full_vocab_body import ROWS_WRITTEN, StreamedRows
 from tests.e2e.reference import TOLERANCE

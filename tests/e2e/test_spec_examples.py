@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from probserve.store.model_store import embedded_model_path
+from serve_app.store.model_store import embedded_model_path
 from tests.e2e.conftest import MODEL
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_texts
 

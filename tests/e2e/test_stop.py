@@ -20,9 +20,9 @@ import psutil
 import pytest
 import yaml
 
-from probserve.ops.processes import HAPROXY_PORTS, alive
-from probserve.ops.supervisor import STOP_S
-from probserve.store.model_store import TINY
+from serve_app.ops.processes import HAPROXY_PORTS, alive
+from serve_app.ops.supervisor import STOP_S
+from serve_app.store.model_store import TINY
 from tests.e2e.conftest import TINY_KV_GIB, free_port
 
 pytestmark = pytest.mark.e2e
@@ -42,7 +42,7 @@ def config(tmp_path_factory) -> Path:
              "ray_actor_options": {"num_cpus": 0.5},
              "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
     document = {"http_options": {"host": "127.0.0.1"}, "applications": [{
-        "name": "probserve", "route_prefix": "/", "import_path": "probserve.ops.app:build_app",
+        "name": "probserve", "route_prefix": "/", "import_path": "serve_app.ops.app:build_app",
         "args": {"models": [model], "batch": {"storage": str(tmp_path_factory.mktemp("stop-batch"))}}}]}
     path = tmp_path_factory.mktemp("stop") / "serve.yaml"
     path.write_text(yaml.safe_dump(document))

@@ -17,10 +17,10 @@ import pytest
 from ray import serve
 from selenium.webdriver.support.ui import Select
 
-from probserve.config import model_deployment_name
-from probserve.store.model_store import TINY, TINY_BOS
-from probserve.tenants import keyring
-from probserve.tenants.keyring import KeyFile
+from serve_app.config import model_deployment_name
+from serve_app.store.model_store import TINY, TINY_BOS
+from serve_app.tenants import keyring
+from serve_app.tenants.keyring import KeyFile
 from tests.e2e.browser import Browser
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.same_answer import assert_same_choice

@@ -3,7 +3,7 @@ template, in vLLM's shape."""
 
 import pytest
 
-from probserve.store.model_store import embedded_model_path
+from serve_app.store.model_store import embedded_model_path
 from tests.e2e.conftest import FAMILIES, MAX_MODEL_LEN, MODEL
 from tests.e2e.text_pieces import SAMPLES
 

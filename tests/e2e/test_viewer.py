@@ -20,8 +20,8 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 from transformers import AutoTokenizer
 
-from probserve.ops.app import build_app
-from probserve.store.model_store import SMOLLM2, TINY_SIBLING, embedded_model_path
+from serve_app.ops.app import build_app
+from serve_app.store.model_store import SMOLLM2, TINY_SIBLING, embedded_model_path
 from tests.e2e.browser import Browser
 from tests.e2e.conftest import FAMILIES, MAX_MODEL_LEN, MODEL, TINY_BOS, TINY_KV_GIB
 from tests.e2e.reference import TOLERANCE

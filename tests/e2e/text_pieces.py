@@ -1,4 +1,4 @@
-"""The documented rules of `tokens` and `text_offset` (docs/api.md, probserve/text/pieces.py),
+"""The documented rules of `tokens` and `text_offset` (docs/api.md, serve_app/text/pieces.py),
 checked on a response: the pieces partition the text exactly."""
 
 SAMPLES = {

@@ -6,9 +6,9 @@ from dataclasses import fields
 
 import numpy as np
 
-from probserve.engine.wire import EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs, RankedRows
-from probserve.fullvocab.streamed import StreamedRows
-from probserve.text.vocabulary import Vocabulary
+from serve_app.engine.wire import EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs, RankedRows
+from serve_app.fullvocab.streamed import StreamedRows
+from serve_app.text.vocabulary import Vocabulary
 
 
 def char_vocabulary(alphabet: str, specials: tuple[str, ...] = (),

@@ -2,11 +2,11 @@ import asyncio
 
 import pytest
 
-from probserve.config import TenancyConfig
-from probserve.errors import APIError
-from probserve.observe.request_log import RequestRecord
-from probserve.tenants.access import Access
-from probserve.tenants.keyring import KeyFile, Tenant, TenantLimits, create_key, new_secret
+from serve_app.config import TenancyConfig
+from serve_app.errors import APIError
+from serve_app.observe.request_log import RequestRecord
+from serve_app.tenants.access import Access
+from serve_app.tenants.keyring import KeyFile, Tenant, TenantLimits, create_key, new_secret
 
 
 def access_with_keys(tmp_path) -> tuple[Access, dict[str, str]]:

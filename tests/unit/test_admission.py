@@ -1,10 +1,10 @@
 import pytest
 
-from probserve.api import admission
-from probserve.api.request_models import CompletionRequest, parse_request
-from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import Caller
-from probserve.errors import APIError
+from serve_app.api import admission
+from serve_app.api.request_models import CompletionRequest, parse_request
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.engine.wire import Caller
+from serve_app.errors import APIError
 from tests.unit.fakes import char_vocabulary
 
 VOCAB = char_vocabulary("abcdé€ xyz")

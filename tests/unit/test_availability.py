@@ -2,7 +2,7 @@ import asyncio
 
 from ray.serve._private.common import ReplicaState
 
-from probserve.observe.availability import ReplicaStates, running_replicas
+from serve_app.observe.availability import ReplicaStates, running_replicas
 
 
 def details(app: str, **replicas: dict) -> dict:

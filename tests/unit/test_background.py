@@ -1,7 +1,7 @@
 import asyncio
 
-from probserve.engine.background import BackgroundShare
-from probserve.engine.wire import EngineRequest
+from serve_app.engine.background import BackgroundShare
+from serve_app.engine.wire import EngineRequest
 
 REQUEST = {"prompt_token_ids": [1, 2], "max_tokens": 1, "temperature": 0.0, "top_p": 1.0, "tenant": "t"}
 ONLINE, BATCH = EngineRequest(**REQUEST, priority=0), EngineRequest(**REQUEST, priority=1)

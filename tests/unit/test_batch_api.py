@@ -1,5 +1,5 @@
 """The Files and Batches endpoints' storage reads: each for the tenant the caller is admitted
-as, with the endpoint's own arguments after it (probserve.front.batch_api.storage_read)."""
+as, with the endpoint's own arguments after it (serve_app.front.batch_api.storage_read)."""
 
 import asyncio
 from types import SimpleNamespace
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from probserve.config import BatchConfig, IngressConfig
-from probserve.errors import APIError
-from probserve.front.batch_api import BatchAPI
+from serve_app.config import BatchConfig, IngressConfig
+from serve_app.errors import APIError
+from serve_app.front.batch_api import BatchAPI
 
 
 class Pipeline:

@@ -7,9 +7,9 @@ import httpx
 import orjson
 import pytest
 
-from probserve.batch.storage import Storage, folder_tenant, tenant_folder
-from probserve.batch.upload import receive_upload
-from probserve.errors import APIError
+from serve_app.batch.storage import Storage, folder_tenant, tenant_folder
+from serve_app.batch.upload import receive_upload
+from serve_app.errors import APIError
 
 
 @pytest.fixture

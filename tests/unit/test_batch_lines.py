@@ -7,9 +7,9 @@ import time
 import orjson
 import pytest
 
-from probserve.api.request_models import BatchRequest
-from probserve.batch import lines, records
-from probserve.errors import APIError
+from serve_app.api.request_models import BatchRequest
+from serve_app.batch import lines, records
+from serve_app.errors import APIError
 
 ENDPOINT = "/v1/completions"
 

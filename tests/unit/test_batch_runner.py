@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from probserve.api.request_models import BatchRequest
-from probserve.batch import records
-from probserve.batch.runner import BatchRun
-from probserve.batch.storage import Storage
-from probserve.config import BatchConfig
+from serve_app.api.request_models import BatchRequest
+from serve_app.batch import records
+from serve_app.batch.runner import BatchRun
+from serve_app.batch.storage import Storage
+from serve_app.config import BatchConfig
 
 TENANT = "alpha"
 

@@ -1,4 +1,4 @@
-"""The chaos load's judgement of each request (probserve.ops.chaos), on bodies built here and
+"""The chaos load's judgement of each request (serve_app.ops.chaos), on bodies built here and
 served by httpx's MockTransport."""
 
 import asyncio
@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from probserve.ops.chaos import (
+from serve_app.ops.chaos import (
     Kind,
     Mismatch,
     Position,

@@ -2,13 +2,13 @@ import numpy as np
 import orjson
 import pytest
 
-from probserve.api import admission, chat, tokenize
-from probserve.api.admission import Admitted
-from probserve.api.conversation import render_chat
-from probserve.api.request_models import ChatRequest, DetokenizeRequest, TokenizeRequest, parse_request
-from probserve.api.streaming import ChatStream
-from probserve.engine.wire import Completion, EngineResult
-from probserve.errors import APIError
+from serve_app.api import admission, chat, tokenize
+from serve_app.api.admission import Admitted
+from serve_app.api.conversation import render_chat
+from serve_app.api.request_models import ChatRequest, DetokenizeRequest, TokenizeRequest, parse_request
+from serve_app.api.streaming import ChatStream
+from serve_app.engine.wire import Completion, EngineResult
+from serve_app.errors import APIError
 from tests.unit.fakes import char_vocabulary, positions
 from tests.unit.test_admission import CAPS, INGRESS
 

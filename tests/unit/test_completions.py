@@ -2,10 +2,10 @@ import numpy as np
 import orjson
 import pytest
 
-from probserve.api import admission, completions
-from probserve.engine.wire import Completion, EngineResult
-from probserve.fullvocab.json_rows import EntryFragments
-from probserve.fullvocab.response import json_parts
+from serve_app.api import admission, completions
+from serve_app.engine.wire import Completion, EngineResult
+from serve_app.fullvocab.json_rows import EntryFragments
+from serve_app.fullvocab.response import json_parts
 from tests.unit.fakes import full_vocab_parts, in_windows, positions, streamed
 from tests.unit.test_admission import CALLER, CAPS, VOCAB, admit
 from tests.unit.test_relay import relayed

@@ -4,7 +4,7 @@ import zlib
 
 import pytest
 
-from probserve.fullvocab.compression import GzipJoiner, accepts_gzip, deflate_part
+from serve_app.fullvocab.compression import GzipJoiner, accepts_gzip, deflate_part
 
 
 @pytest.mark.parametrize("header, accepted", [

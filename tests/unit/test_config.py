@@ -4,8 +4,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from probserve.config import AppConfig, Capabilities
-from probserve.ops.app import build_app
+from serve_app.config import AppConfig, Capabilities
+from serve_app.ops.app import build_app
 
 
 def test_max_scored_tokens_defaults_to_the_context():
@@ -32,7 +32,7 @@ def test_names_are_unique():
 @pytest.mark.parametrize("path", sorted(pathlib.Path("deployments").glob("*.yaml")))
 def test_deployment_files_build(path):
     (application,) = yaml.safe_load(path.read_text())["applications"]
-    assert application["import_path"] == "probserve.ops.app:build_app"
+    assert application["import_path"] == "serve_app.ops.app:build_app"
     assert build_app(application["args"]) is not None
 
 

@@ -1,5 +1,5 @@
 """The configuration is documented once: every key of a Serve config's `args` has its
-description in probserve/config.py, and docs/operations.md's table has a row for each key and
+description in serve_app/config.py, and docs/operations.md's table has a row for each key and
 for no other."""
 
 import pathlib
@@ -9,7 +9,7 @@ import typing
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from probserve.config import AppConfig
+from serve_app.config import AppConfig
 
 OPERATIONS = pathlib.Path(__file__).parents[2] / "docs" / "operations.md"
 

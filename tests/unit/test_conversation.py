@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from probserve.api import admission, chat, tokenize
-from probserve.api.conversation import final_message_text, final_message_tokens, render_chat
-from probserve.api.request_models import ChatRequest, TokenizeRequest, parse_request
-from probserve.engine.wire import Caller, Completion, EngineResult
-from probserve.errors import APIError
+from serve_app.api import admission, chat, tokenize
+from serve_app.api.conversation import final_message_text, final_message_tokens, render_chat
+from serve_app.api.request_models import ChatRequest, TokenizeRequest, parse_request
+from serve_app.engine.wire import Caller, Completion, EngineResult
+from serve_app.errors import APIError
 from tests.unit.fakes import char_vocabulary, positions
 from tests.unit.test_admission import CAPS as COMPLETION_CAPS
 from tests.unit.test_admission import INGRESS

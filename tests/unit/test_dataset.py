@@ -8,12 +8,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from probserve.batch import dataset
-from probserve.batch.dataset import PartColumns, ScoreOptions
-from probserve.batch.scoring import claim_output, run_settings
-from probserve.config import Capabilities, IngressConfig
-from probserve.engine.wire import Completion, EngineResult
-from probserve.errors import APIError, invalid
+from serve_app.batch import dataset
+from serve_app.batch.dataset import PartColumns, ScoreOptions
+from serve_app.batch.scoring import claim_output, run_settings
+from serve_app.config import Capabilities, IngressConfig
+from serve_app.engine.wire import Completion, EngineResult
+from serve_app.errors import APIError, invalid
 from tests.unit.fakes import char_vocabulary, full_vocab_parts, positions
 
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from probserve.config import AppConfig, model_deployment_name
-from probserve.ops.app import build_app
-from probserve.ops.cli import serve_config
-from probserve.ops.local_ray import (
+from serve_app.config import AppConfig, model_deployment_name
+from serve_app.ops.app import build_app
+from serve_app.ops.cli import serve_config
+from serve_app.ops.local_ray import (
     DEFAULTS,
     DRAINING_PERIOD,
     FREE_PERIOD,

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from probserve.engine.vllm_fence.front_end import keep_prompt_logprobs_as_arrays
-from probserve.engine.vllm_fence.touch_points import original
-from probserve.engine.vllm_fence.worker import LabelCount
+from serve_app.engine.vllm_fence.front_end import keep_prompt_logprobs_as_arrays
+from serve_app.engine.vllm_fence.touch_points import original
+from serve_app.engine.vllm_fence.worker import LabelCount
 
 
 @pytest.mark.parametrize("count", [1, 5, LabelCount([7, 3])])
@@ -16,8 +16,8 @@ def test_prompt_rows_kept_as_arrays_list_what_vllms_own_path_lists(count):
     from vllm.v1.engine.logprobs import LogprobsProcessor
     from vllm.v1.outputs import LogprobsTensors
 
-    from probserve.engine.vllm_adapter import prompt_positions
-    from probserve.engine.wire import PromptRows
+    from serve_app.engine.vllm_adapter import prompt_positions
+    from serve_app.engine.wire import PromptRows
 
     rng = np.random.default_rng(0)
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from probserve.engine.vllm_fence.replica_start import full_vocab_mismatch
+from serve_app.engine.vllm_fence.replica_start import full_vocab_mismatch
 from tests.unit.fakes import full_vocab_rows, positions
 
 

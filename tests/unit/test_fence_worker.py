@@ -6,9 +6,9 @@ from importlib.metadata import entry_points
 
 import torch
 
-from probserve.engine.vllm_fence import register
-from probserve.engine.vllm_fence.touch_points import FULL_VOCAB
-from probserve.engine.vllm_fence.worker import FullVocabCount, LabelCount, marked_count, rows_from
+from serve_app.engine.vllm_fence import register
+from serve_app.engine.vllm_fence.touch_points import FULL_VOCAB
+from serve_app.engine.vllm_fence.worker import FullVocabCount, LabelCount, marked_count, rows_from
 
 
 def test_vllms_plugin_entry_point_is_register():

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from probserve.gate import Gate, once
+from serve_app.gate import Gate, once
 
 
 class Refused(Exception):

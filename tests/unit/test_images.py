@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probserve.engine.vllm_fence.touch_points import pinned_versions
-from probserve.ops.local_ray import DEFAULTS, METRICS_PORT, PROXY_CALLBACK
+from serve_app.engine.vllm_fence.touch_points import pinned_versions
+from serve_app.ops.local_ray import DEFAULTS, METRICS_PORT, PROXY_CALLBACK
 from tests.unit import vllm_sources
 
 ROOT = Path(__file__).resolve().parents[2]

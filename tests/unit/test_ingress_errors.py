@@ -11,15 +11,15 @@ from ray.exceptions import ActorDiedError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.requests import Request
 
-from probserve.config import IngressConfig, ModelConfig, SerializerPoolConfig
-from probserve.engine.wire import EngineRequest, EngineUnavailable, QueueTimeout
-from probserve.errors import APIError
-from probserve.front import full_vocab
-from probserve.front.full_vocab import FullVocabResponses
-from probserve.front.http import install_error_handlers
-from probserve.front.ingress import Ingress
-from probserve.front.replica_client import ReplicaClient
-from probserve.observe.request_log import RequestRecord
+from serve_app.config import IngressConfig, ModelConfig, SerializerPoolConfig
+from serve_app.engine.wire import EngineRequest, EngineUnavailable, QueueTimeout
+from serve_app.errors import APIError
+from serve_app.front import full_vocab
+from serve_app.front.full_vocab import FullVocabResponses
+from serve_app.front.http import install_error_handlers
+from serve_app.front.ingress import Ingress
+from serve_app.front.replica_client import ReplicaClient
+from serve_app.observe.request_log import RequestRecord
 
 
 class Replica:
@@ -37,7 +37,7 @@ class Replica:
 
 
 class Running:
-    """Replica counts as probserve.observe.availability knows them, set by the test."""
+    """Replica counts as serve_app.observe.availability knows them, set by the test."""
 
     def __init__(self, **counts: int):
         self.counts = counts

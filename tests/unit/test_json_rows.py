@@ -2,8 +2,8 @@ import numpy as np
 import orjson
 import pytest
 
-from probserve.engine.wire import FullVocabRows
-from probserve.fullvocab.json_rows import EntryFragments, chunk_json, piece_positions, position_json
+from serve_app.engine.wire import FullVocabRows
+from serve_app.fullvocab.json_rows import EntryFragments, chunk_json, piece_positions, position_json
 from tests.unit.fakes import full_vocab_rows
 
 TOKENS = ["a", " b", '"q"', "\\", "é€", "", "\n", "z"]

@@ -3,10 +3,10 @@ import asyncio
 import pytest
 from limits.aio.storage import MemoryStorage
 
-from probserve.config import Capabilities
-from probserve.errors import APIError
-from probserve.observe.request_log import RequestRecord
-from probserve.tenants.keyring import (
+from serve_app.config import Capabilities
+from serve_app.errors import APIError
+from serve_app.observe.request_log import RequestRecord
+from serve_app.tenants.keyring import (
     KeyFile,
     Keyring,
     Tenant,
@@ -18,8 +18,8 @@ from probserve.tenants.keyring import (
     read_secret,
     revoke_key,
 )
-from probserve.tenants.quotas import RateLimits, TenantQueues, duration, request_tokens
-from probserve.tenants.usage import MemoryUsage, counts, usage_body
+from serve_app.tenants.quotas import RateLimits, TenantQueues, duration, request_tokens
+from serve_app.tenants.usage import MemoryUsage, counts, usage_body
 
 SECRET = b"s" * 32
 

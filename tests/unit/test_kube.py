@@ -1,6 +1,6 @@
 """k8s/: every overlay renders with kustomize and validates (RayService against KubeRay's CRD,
 core objects against Kubernetes' schemas, both strict: an unknown field fails); the generated
-parts equal what probserve.ops.kube writes from deployments/*.yaml; images, ports, probes and node
+parts equal what serve_app.ops.kube writes from deployments/*.yaml; images, ports, probes and node
 groups agree with the code and the Serve configs."""
 
 import json
@@ -15,10 +15,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from probserve.config import AppConfig
-from probserve.front.ingress import app as ingress_app
-from probserve.ops import kube
-from probserve.ops.local_ray import METRICS_PORT
+from serve_app.config import AppConfig
+from serve_app.front.ingress import app as ingress_app
+from serve_app.ops import kube
+from serve_app.ops.local_ray import METRICS_PORT
 
 ROOT = kube.ROOT
 CRDS = ROOT / "k8s" / "crds"  # vendored: see its README
@@ -89,7 +89,7 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 def test_generated_files_are_what_the_generator_writes():
     for path, text in kube.generated_files().items():
-        assert path.read_text() == text, f"{path.relative_to(ROOT)} differs: run python -m probserve.ops.kube"
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} differs: run python -m serve_app.ops.kube"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

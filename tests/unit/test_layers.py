@@ -1,13 +1,13 @@
-"""The package's layering (probserve/__init__.py): a module imports only from its own layer or
+"""The package's layering (serve_app/__init__.py): a module imports only from its own layer or
 below, so the engine never depends on HTTP and pure logic never on a deployment."""
 
 import ast
 import re
 from pathlib import Path
 
-import probserve
+import serve_app
 
-PACKAGE = Path(probserve.__file__).parent
+PACKAGE = Path(serve_app.__file__).parent
 # Lowest first; modules of one layer may import each other.
 LAYERS = [
     {"text", "store"},
@@ -22,25 +22,25 @@ LEVEL = {part: level for level, parts in enumerate(LAYERS) for part in parts}
 
 
 def part_of(module: str) -> str:
-    """`probserve.engine.wire` -> `engine`; `probserve.config` -> `config`."""
+    """`serve_app.engine.wire` -> `engine`; `serve_app.config` -> `config`."""
     return module.split(".")[1]
 
 
 def imports(path: Path) -> set[str]:
-    """The probserve modules a file imports, wherever in the file."""
+    """The serve_app modules a file imports, wherever in the file."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("probserve."):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("serve_app."):
             found.add(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.module == "probserve":
-            found.update(f"probserve.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "serve_app":
+            found.update(f"serve_app.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("probserve."))
+            found.update(a.name for a in node.names if a.name.startswith("serve_app."))
     return found
 
 
 def modules() -> dict[str, Path]:
-    return {".".join(("probserve", *path.relative_to(PACKAGE).with_suffix("").parts)): path
+    return {".".join(("serve_app", *path.relative_to(PACKAGE).with_suffix("").parts)): path
             for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
 
 
@@ -62,9 +62,9 @@ def test_the_engine_knows_nothing_of_http():
 
 def test_the_check_sees_an_upward_import(tmp_path):
     offender = tmp_path / "wire.py"
-    offender.write_text("from probserve.front.http import json_response\n")
-    assert imports(offender) == {"probserve.front.http"}
-    assert LEVEL[part_of("probserve.front.http")] > LEVEL[part_of("probserve.engine.wire")]
+    offender.write_text("from serve_app.front.http import json_response\n")
+    assert imports(offender) == {"serve_app.front.http"}
+    assert LEVEL[part_of("serve_app.front.http")] > LEVEL[part_of("serve_app.engine.wire")]
 
 
 def architecture_table() -> list[tuple[list[str], list[str]]]:

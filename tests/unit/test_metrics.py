@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from probserve.observe.metrics import HeldGauges
+from serve_app.observe.metrics import HeldGauges
 
 PERIOD_S = 0.01
 

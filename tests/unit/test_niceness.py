@@ -6,14 +6,14 @@ import textwrap
 
 import pytest
 
-from probserve.fullvocab.niceness import TASKS
+from serve_app.fullvocab.niceness import TASKS
 
 pytestmark = pytest.mark.skipif(not TASKS.is_dir(), reason="per-thread nice values are Linux's")
 
 # In a process of its own: a priority once lowered cannot be raised again without privileges.
 SCRIPT = textwrap.dedent("""
     import json, os, threading
-    from probserve.fullvocab.niceness import lower_priority
+    from serve_app.fullvocab.niceness import lower_priority
 
     started = threading.Event()
     finish = threading.Event()

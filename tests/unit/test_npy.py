@@ -6,8 +6,8 @@ import io
 import numpy as np
 import pytest
 
-from probserve.engine.wire import EngineResult
-from probserve.fullvocab import npy
+from serve_app.engine.wire import EngineResult
+from serve_app.fullvocab import npy
 from tests.unit.fakes import full_vocab_parts, in_windows, streamed
 
 

@@ -3,9 +3,9 @@
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from probserve.store.model_store import TINY, TINY_BOS, TINY_FAMILIES, TINY_SENTENCEPIECE, family_tokenizer
-from probserve.text.pieces import GeneratedPieces, id_prompt_pieces, string_pieces
-from probserve.text.vocabulary import Vocabulary
+from serve_app.store.model_store import TINY, TINY_BOS, TINY_FAMILIES, TINY_SENTENCEPIECE, family_tokenizer
+from serve_app.text.pieces import GeneratedPieces, id_prompt_pieces, string_pieces
+from serve_app.text.vocabulary import Vocabulary
 
 TEXTS = ["Hello world", "Déjà vu, naïve café", "東京は日本の首都", "Ship it 🚀🎉 👍🏽!", "  two  spaces "]
 

@@ -6,7 +6,7 @@ import textwrap
 import psutil
 import pytest
 
-from probserve.ops import processes
+from serve_app.ops import processes
 
 
 def sleeper(*extra: str, ignore_term: bool = False) -> subprocess.Popen:
@@ -35,7 +35,7 @@ def test_a_subreaper_inherits_its_orphans_and_collects_them():
     script = textwrap.dedent("""
         import subprocess, sys, time
         import psutil
-        from probserve.ops import processes
+        from serve_app.ops import processes
         processes.become_subreaper()
         grandchild = "import time; time.sleep(600)"
         parent = subprocess.Popen([sys.executable, "-c",

@@ -8,10 +8,10 @@ import orjson
 import pytest
 from ray.serve.exceptions import BackPressureError
 
-from probserve.fullvocab.compression import deflate_part
-from probserve.fullvocab.json_rows import EntryFragments, chunk_json
-from probserve.fullvocab.relay import full_vocab_body, in_order, started
-from probserve.fullvocab.streamed import RowsPiece
+from serve_app.fullvocab.compression import deflate_part
+from serve_app.fullvocab.json_rows import EntryFragments, chunk_json
+from serve_app.fullvocab.relay import full_vocab_body, in_order, started
+from serve_app.fullvocab.streamed import RowsPiece
 from tests.unit.fakes import async_parts
 from tests.unit.test_json_rows import TOKENS, rows_of, vllm_order
 

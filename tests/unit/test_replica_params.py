@@ -7,17 +7,17 @@ import sys
 
 import pytest
 
-from probserve.config import ModelConfig
-from probserve.engine.replica import check_queue_time
-from probserve.engine.vllm_adapter import engine_args, logprob_params
-from probserve.engine.vllm_fence.replica_start import ask_for_the_v1_runner, check_runner
-from probserve.engine.vllm_fence.touch_points import (
+from serve_app.config import ModelConfig
+from serve_app.engine.replica import check_queue_time
+from serve_app.engine.vllm_adapter import engine_args, logprob_params
+from serve_app.engine.vllm_fence.replica_start import ask_for_the_v1_runner, check_runner
+from serve_app.engine.vllm_fence.touch_points import (
     FULL_VOCAB,
     PREFIX_CACHE_LIMIT,
     PROMPT_LABELS,
     RUNNER_SWITCH,
 )
-from probserve.engine.wire import EngineRequest, QueueTimeout
+from serve_app.engine.wire import EngineRequest, QueueTimeout
 
 
 def request(**fields) -> EngineRequest:
@@ -97,7 +97,7 @@ def test_importing_vllm_in_a_replica_leaves_ray_serves_log_open():
         "import logging, logging.handlers",
         "serve_log = logging.handlers.MemoryHandler(100, target=logging.StreamHandler())",
         "logging.getLogger('ray.serve').addHandler(serve_log)",
-        "from probserve.engine.vllm_adapter import log_vllm_beside_serve",
+        "from serve_app.engine.vllm_adapter import log_vllm_beside_serve",
         "log_vllm_beside_serve()",
         # What vLLM's engine does as it starts, with the configuration the environment gives.
         "from vllm.config.logging import LoggingConfig",

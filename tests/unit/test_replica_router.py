@@ -10,7 +10,7 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
-from probserve.front.replica_router import BoundedStreamRouter, PlaceLine
+from serve_app.front.replica_router import BoundedStreamRouter, PlaceLine
 
 DEPLOYMENT = DeploymentID(name="Model-m", app_name="probserve")
 # The backoff in these tests: a request left to it would outlast HANG_S, so a wake

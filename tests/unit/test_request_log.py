@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from probserve.observe.request_log import (
+from serve_app.observe.request_log import (
     CLIENT_CLOSED,
     STREAM_FAILED,
     ObservedRequests,

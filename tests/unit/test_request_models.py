@@ -1,7 +1,7 @@
 import pytest
 
-from probserve.api.request_models import CompletionRequest, completion_rules, parse_request
-from probserve.errors import APIError
+from serve_app.api.request_models import CompletionRequest, completion_rules, parse_request
+from serve_app.errors import APIError
 
 BASE = {"model": "m", "prompt": "hello"}
 RULES = completion_rules(max_logprobs=100, max_n=8, max_label_ids=4)

@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from probserve.engine.scored_cache import ScoredPrefixCache, entry_keys
-from probserve.engine.wire import EngineRequest, EngineResult, PositionLogprobs
+from serve_app.engine.scored_cache import ScoredPrefixCache, entry_keys
+from serve_app.engine.wire import EngineRequest, EngineResult, PositionLogprobs
 
 BLOCK, TOP_K = 4, 3
 

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from probserve.engine.shared_prefix import InFlightPrefixes, block_keys
+from serve_app.engine.shared_prefix import InFlightPrefixes, block_keys
 
 BLOCK = 4
 CONTEXT = list(range(100, 112))  # three blocks

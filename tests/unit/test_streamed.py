@@ -4,8 +4,8 @@ import asyncio
 
 import numpy as np
 
-from probserve.engine.wire import EngineResult
-from probserve.fullvocab.streamed import RowsPiece, StreamedRows, pieces_of
+from serve_app.engine.wire import EngineResult
+from serve_app.fullvocab.streamed import RowsPiece, StreamedRows, pieces_of
 from tests.unit.fakes import each, full_vocab_parts, in_windows, streamed
 from tests.unit.test_completions import GENERATED
 

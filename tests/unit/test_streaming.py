@@ -1,10 +1,10 @@
 import numpy as np
 import orjson
 
-from probserve.api import admission
-from probserve.api.request_models import CompletionRequest, completion_rules, parse_request
-from probserve.api.streaming import DONE, CompletionStream
-from probserve.engine.wire import Completion, EngineResult
+from serve_app.api import admission
+from serve_app.api.request_models import CompletionRequest, completion_rules, parse_request
+from serve_app.api.streaming import DONE, CompletionStream
+from serve_app.engine.wire import Completion, EngineResult
 from tests.unit.fakes import char_vocabulary, positions
 
 VOCAB = char_vocabulary("abcdé€ xyz")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from probserve.config import IngressConfig
-from probserve.errors import APIError
-from probserve.front.viewer import CONTENT_SECURITY_POLICY, MEDIA_TYPES, ViewerFiles
+from serve_app.config import IngressConfig
+from serve_app.errors import APIError
+from serve_app.front.viewer import CONTENT_SECURITY_POLICY, MEDIA_TYPES, ViewerFiles
 
-UI = resources.files("probserve.ui")
+UI = resources.files("serve_app.ui")
 PYPROJECT = Path(__file__).parents[2] / "pyproject.toml"
 
 
@@ -70,7 +70,7 @@ def test_the_page_has_nothing_the_policy_blocks_or_fetches_from_elsewhere():
 
 
 def test_every_file_of_the_page_ships_in_the_package():
-    patterns = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"]["probserve.ui"]
+    patterns = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["package-data"]["serve_app.ui"]
     for name in MEDIA_TYPES:
         assert any(fnmatch(name, pattern) for pattern in patterns), name
     assert {p.name for p in Path(str(UI)).iterdir() if p.suffix != ".py" and p.is_file()} <= set(MEDIA_TYPES)

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from probserve.config import ModelConfig
-from probserve.engine.windows import (
+from serve_app.config import ModelConfig
+from serve_app.engine.windows import (
     ROWS_ONLY,
     RUN_AHEAD,
     joined_windows,
@@ -15,7 +15,7 @@ from probserve.engine.windows import (
     stream_items_ahead,
     window_starts,
 )
-from probserve.engine.wire import Completion, EngineRequest, EngineResult, PromptRows
+from serve_app.engine.wire import Completion, EngineRequest, EngineResult, PromptRows
 
 REQUEST = EngineRequest(prompt_token_ids=list(range(100, 111)), max_tokens=5, temperature=0.7, top_p=0.9,
                         n=3, seed=4, stop=["x"], logprobs=2, prompt_logprobs=-1, tenant="t",

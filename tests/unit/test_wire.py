@@ -1,6 +1,6 @@
 import numpy as np
 
-from probserve.engine.wire import PositionLogprobs
+from serve_app.engine.wire import PositionLogprobs
 
 
 def test_from_flat_keeps_positions_and_entries():

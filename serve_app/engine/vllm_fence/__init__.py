@@ -10,11 +10,11 @@ Each module runs in one process:
 - scheduler: in vLLM's engine core process, the scheduler's (item 3).
 - front_end: in vLLM's front end, AsyncLLM in the replica's process (items 2, 5, 7).
 - replica_start: in the replica's process, around its engine's start (item 8, self-checks).
-Ray Serve's items 6 and 9 are probserve.front.replica_router's.
+Ray Serve's items 6 and 9 are serve_app.front.replica_router's.
 """
 
-from probserve.engine.vllm_fence.scheduler import read_prefix_cache_up_to_limits
-from probserve.engine.vllm_fence.worker import gather_marked_prompt_rows, keep_top_k_beside_labels
+from serve_app.engine.vllm_fence.scheduler import read_prefix_cache_up_to_limits
+from serve_app.engine.vllm_fence.worker import gather_marked_prompt_rows, keep_top_k_beside_labels
 
 
 def register() -> None:

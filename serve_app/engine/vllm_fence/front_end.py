@@ -1,13 +1,13 @@
 """In vLLM's front end, AsyncLLM in the replica's own process (never vLLM's own server, which
 expects per-entry objects): prompt rows kept as arrays (items 2 and 5 of
-probserve.engine.vllm_fence.touch_points), and the engine's gauges held (item 7). The replica
+serve_app.engine.vllm_fence.touch_points), and the engine's gauges held (item 7). The replica
 installs them as it starts its engine."""
 
 import numpy as np
 
-from probserve.engine.vllm_fence.touch_points import patched
-from probserve.engine.wire import FullVocabParts, FullVocabRows, PromptRows
-from probserve.observe.metrics import HELD_GAUGES
+from serve_app.engine.vllm_fence.touch_points import patched
+from serve_app.engine.wire import FullVocabParts, FullVocabRows, PromptRows
+from serve_app.observe.metrics import HELD_GAUGES
 
 
 def keep_prompt_logprobs_as_arrays(chunk_positions: int) -> None:

@@ -1,6 +1,6 @@
 """In the replica's process, around its engine's start: the V1 model runner asked for before
 it, and an engine config that says V2 refused (item 8 of
-probserve.engine.vllm_fence.touch_points); once it runs, each patched path checked against
+serve_app.engine.vllm_fence.touch_points); once it runs, each patched path checked against
 vLLM's own (the self-check)."""
 
 import os
@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from probserve.engine.vllm_fence.touch_points import RUNNER_SWITCH
-from probserve.engine.wire import REPLICA_ITSELF, EngineRequest, EngineResult, FullVocabRows, PositionLogprobs
+from serve_app.engine.vllm_fence.touch_points import RUNNER_SWITCH
+from serve_app.engine.wire import REPLICA_ITSELF, EngineRequest, EngineResult, FullVocabRows, PositionLogprobs
 
 
 def ask_for_the_v1_runner() -> None:
@@ -55,7 +55,7 @@ async def self_check(generate: Callable[[EngineRequest], Awaitable[EngineResult]
     problem = full_vocab_mismatch(rows, top_k, CHECK_TOP_K)
     if problem:
         raise RuntimeError(f"the full vocabulary disagrees with vLLM's own prompt logprobs: {problem}; "
-                           "probserve's vLLM patches do not fit this vLLM (probserve.engine.vllm_fence)")
+                           "probserve's vLLM patches do not fit this vLLM (serve_app.engine.vllm_fence)")
 
 
 def full_vocab_mismatch(chunks: list[FullVocabRows], top_k: PositionLogprobs, k: int) -> str | None:

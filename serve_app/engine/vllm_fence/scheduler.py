@@ -1,7 +1,7 @@
 """In vLLM's engine core process, its scheduler's: a scored span reads the prefix cache up to
-its limit (item 3 of probserve.engine.vllm_fence.touch_points). register() installs it."""
+its limit (item 3 of serve_app.engine.vllm_fence.touch_points). register() installs it."""
 
-from probserve.engine.vllm_fence.touch_points import PREFIX_CACHE_LIMIT, original, patched
+from serve_app.engine.vllm_fence.touch_points import PREFIX_CACHE_LIMIT, original, patched
 
 
 def prefix_cache_limit(request) -> int | None:

@@ -24,7 +24,7 @@ probserve's changes to vLLM 0.32 (pinned):
    in the replica's own process only (it would break vLLM's server, which expects its
    per-entry objects), the [positions, vocab] tensors are kept as arrays, in chunks of
    positions; vLLM's LogprobsProcessor would decode and box every entry (millions).
-   A request computed in windows (probserve.engine.windows) asks with
+   A request computed in windows (serve_app.engine.windows) asks with
    `extra_args[FULL_VOCAB] = r`, its first row: the worker returns its rows from r on only,
    and leaves the buffer's rows before it untouched (never resident: not pinned).
 3. Spans read the prefix cache: vLLM reads none for a request with prompt logprobs, because the
@@ -46,21 +46,21 @@ probserve's changes to vLLM 0.32 (pinned):
 
 Ray Serve's:
 
-6. Full-vocabulary streams run ahead of their caller by a bound (probserve.front.replica_router):
+6. Full-vocabulary streams run ahead of their caller by a bound (serve_app.front.replica_router):
    Serve calls a replica's streaming method without Ray's generator backpressure. The model
    deployments' request router is Serve's default, subclassed: its replicas send a
    `generate_full_vocab` call with Serve's own code on an actor handle that adds the
    backpressure. A subclass, not a patch: Serve pickles its router package by value into each
    handle's process whenever a deployment's config arrives, and cloudpickle then sets every
    class of the package back to the pickled methods (seen in Ray 2.60).
-7. Gauges stay exported while their value stands still (probserve.observe.metrics.HeldGauges):
+7. Gauges stay exported while their value stands still (serve_app.observe.metrics.HeldGauges):
    Ray 2.60 exports a gauge only in the report intervals it was set in, and its agent drops a
    series two intervals after, so vLLM's engine gauges (requests running and waiting, KV-cache
    use), set on engine steps only, vanished from Prometheus seconds after the engine went
    idle. vLLM's Ray stat logger is subclassed with gauges whose `set` holds the value, set
    again every report interval, which is read from Ray's private `_config`.
 9. Requests waiting for a place on a replica are woken when one frees
-   (probserve.front.replica_router.PlaceLine): Serve's router retries a request that found
+   (serve_app.front.replica_router.PlaceLine): Serve's router retries a request that found
    every replica full after a backoff, asking the full replicas their queue lengths each
    time. The same subclass as item 6 sleeps the backoff in a line that the end of one of the
    router's requests wakes in order (the longest waiter first); asks a replica that its
@@ -86,10 +86,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from probserve.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
+from serve_app.vllm_constants import MAX_LOGPROB_TOKEN_IDS, NEG_INF_LOGPROB, SAMPLING_EPS
 
 # The keys of SamplingParams.extra_args that carry a request's asks from the replica
-# (probserve.engine.vllm_adapter) to the patches in vLLM's processes (items 1, 2 and 3).
+# (serve_app.engine.vllm_adapter) to the patches in vLLM's processes (items 1, 2 and 3).
 PROMPT_LABELS = "probserve_prompt_label_ids"
 FULL_VOCAB = "probserve_full_vocab_in_token_order"
 PREFIX_CACHE_LIMIT = "probserve_prefix_cache_limit"
@@ -231,7 +231,7 @@ MARKED_COUNT_USES = {
                                   "self.sampler.gather_logprobs(scores, num_prompt_logprobs, tgt_token_ids)"),
 }
 RUNNER_COUNT_METHODS = ("__init__", "_update_states", "execute_model", "_get_prompt_logprobs_dict")
-# probserve.vllm_constants, and where vLLM defines each.
+# serve_app.vllm_constants, and where vLLM defines each.
 COPIED_CONSTANTS = {
     "SAMPLING_EPS": (SAMPLING_EPS, "vllm.sampling_params", "_SAMPLING_EPS"),
     "MAX_LOGPROB_TOKEN_IDS": (MAX_LOGPROB_TOKEN_IDS, "vllm.sampling_params", "MAX_LOGPROB_TOKEN_IDS"),
@@ -239,7 +239,7 @@ COPIED_CONSTANTS = {
                         "ChatCompletionLogProb.logprob"),
 }
 # Ray: items 6 and 9 subclass Serve's request router and its replica; Serve's proxy callback is set
-# through its documented environment variable (probserve.ops.local_ray); the touch points and
+# through its documented environment variable (serve_app.ops.local_ray); the touch points and
 # private names above name every other private Ray use but one: item 7 reads the report interval
 # from Ray's compiled `ray._config` (observe/metrics.py report_interval_s), which has no source to
 # read: a test calls it.
@@ -292,7 +292,7 @@ def check_versions() -> None:
             f"{'; '.join(mismatches)}. probserve patches private parts of vLLM that change "
             f"between releases: re-verify {points}, the marked counts' uses in "
             "GPUModelRunner._get_prompt_logprobs_dict and the constants in "
-            "probserve/vllm_constants.py (tests/unit/test_fence_touch_points.py, then the end-to-end "
+            "serve_app/vllm_constants.py (tests/unit/test_fence_touch_points.py, then the end-to-end "
             "suite), then move the pins in pyproject.toml; or install the pinned versions.")
 
 

@@ -1,7 +1,7 @@
 """In vLLM's worker process, the model runner's (GPUModelRunner, V1) and its Sampler's:
 labels gathered at prompt positions (item 1), the full vocabulary in token-id order from a
 window's first row on (item 2), and labels beside other requests' top k at generated positions
-(item 4); items of probserve.engine.vllm_fence.touch_points. register() installs them.
+(item 4); items of serve_app.engine.vllm_fence.touch_points. register() installs them.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -11,7 +11,7 @@ MARKED_COUNT_USES, which a test compares with vLLM's source: an `int()`, `max()`
 there would drop a mark.
 """
 
-from probserve.engine.vllm_fence.touch_points import FULL_VOCAB, PROMPT_LABELS, original, patched
+from serve_app.engine.vllm_fence.touch_points import FULL_VOCAB, PROMPT_LABELS, original, patched
 
 
 class LabelCount(int):
