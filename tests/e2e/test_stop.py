@@ -103,7 +103,11 @@ class Service:
 
 
 def port_is_free(port: int) -> bool:
+    """Free for a server to listen on: bound as servers bind (HAProxy, uvicorn), with
+    SO_REUSEADDR, so that the stopped service's connections still in TIME_WAIT do not count,
+    and a socket that still listens does."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
