@@ -38,7 +38,7 @@ servers:
 test: venv servers
 	$(VENV)/bin/ruff check serve_app tests bench
 	$(VENV)/bin/probserve models prepare $(TEST_MODELS)
-	$(PY) -m pytest tests --durations=30
+	$(PY) -m pytest tests --durations=60
 
 unit: venv
 	$(PY) -m pytest tests -m "not e2e"
