@@ -49,14 +49,15 @@ def counters(prometheus) -> dict[str, float]:
 
 
 def settled(prometheus, expected: dict[str, float] | None = None) -> dict[str, float]:
-    """The counters once they equal `expected` (or, without it, once two readings a few
+    """The counters once those in `expected` equal it (or, without it, once two readings a few
     seconds apart agree), read again after a pause to be sure nothing more arrives."""
     deadline = time.monotonic() + SETTLE_S
     now = counters(prometheus)
     while time.monotonic() < deadline:
         time.sleep(2 * SCRAPE_INTERVAL_S)  # readings of two different scrapes at least
         previous, now = now, counters(prometheus)
-        if now == (expected or previous):
+        wanted = expected or previous
+        if {name: now[name] for name in wanted} == wanted:
             break
     time.sleep(2 * SCRAPE_INTERVAL_S)
     return counters(prometheus)
