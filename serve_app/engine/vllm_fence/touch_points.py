@@ -97,7 +97,8 @@ PREFIX_CACHE_LIMIT = "probserve_prefix_cache_limit"
 
 @dataclass(frozen=True)
 class TouchPoint:
-    """A private method probserve replaces or wraps, with the parameters its patch expects."""
+    """A private method or function probserve patches, overrides, wraps or calls, with the
+    parameters it relies on; `why` says which it does."""
 
     module: str
     qualname: str
