@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from ray.serve.config import AutoscalingConfig
 
+from serve_app.parallel import Parallelism, Placement, check_backend, executor_backend, placement
 from serve_app.store.home import probserve_home
 from serve_app.store.model_store import BUILDERS, embedded_model_path
 from serve_app.vllm_constants import MAX_LOGPROB_TOKEN_IDS
@@ -142,8 +143,20 @@ class ModelConfig(Strict):
                                          "replica for its engine's health")
     health_check_timeout_s: float = Field(30, gt=0, description="a replica that fails its "
                                           "health check, or takes longer than this, is replaced")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="engine workers each layer is split across (vLLM's): the model's "
+        "attention heads divide by it, checked at load; on a GPU, one device each")
+    pipeline_parallel_size: int = Field(
+        1, ge=1, description="stages the layers are split into (vLLM's), each of "
+        "tensor_parallel_size workers; its layers divide by it, checked at load")
+    distributed_executor_backend: Literal["mp", "ray"] | None = Field(
+        None, description="how vLLM runs a replica's several workers: `mp`, processes of the "
+        "replica on its node, or `ray`, Ray actors in the replica's placement group, across "
+        "nodes (GPUs only); none: `ray` for pipeline stages on GPUs, else `mp`")
     autoscaling_config: Autoscaling = autoscaling_of("the model's replicas")
-    ray_actor_options: dict[str, Any] = actor_options_of("each replica", num_cpus=1)
+    ray_actor_options: dict[str, Any] = actor_options_of(
+        "each replica, or of each engine worker when there are several (the replica reserves "
+        "them all in a placement group)", num_cpus=1)
     scored_cache: ScoredCacheConfig = ScoredCacheConfig()
     full_vocab_window: int = Field(
         128, ge=1, description="prompt positions of full-vocabulary rows computed at a time, "
@@ -169,6 +182,26 @@ class ModelConfig(Strict):
 
     def resolved_path(self) -> Path:
         return Path(self.path).expanduser() if self.path else embedded_model_path(self.name)
+
+    @model_validator(mode="after")
+    def backend_fits_devices(self) -> "ModelConfig":
+        check_backend(self.executor_backend(), self.ray_actor_options)
+        return self
+
+    def parallelism(self) -> Parallelism:
+        return Parallelism(self.tensor_parallel_size, self.pipeline_parallel_size)
+
+    def executor_backend(self) -> str | None:
+        return executor_backend(self.parallelism(), self.ray_actor_options, self.distributed_executor_backend)
+
+    def placement(self) -> Placement | None:
+        """The replica's placement group when its engine has several workers."""
+        return placement(self.parallelism(), self.ray_actor_options, self.executor_backend())
+
+    def replica_reserves(self) -> dict[str, Any]:
+        """What one replica reserves, workers included, as ray_actor_options."""
+        group = self.placement()
+        return group.reserved() if group else self.ray_actor_options
 
 
 class IngressConfig(Strict):
@@ -305,7 +338,7 @@ class AppConfig(Strict):
         return [(self.ingress.ray_actor_options, self.ingress.autoscaling_config),
                 (self.serializer_pool.ray_actor_options, self.serializer_pool.autoscaling_config),
                 (self.batch.ray_actor_options, ONE_REPLICA),
-                *((m.ray_actor_options, m.autoscaling_config) for m in self.models)]
+                *((m.replica_reserves(), m.autoscaling_config) for m in self.models)]
 
     def model(self, name: str) -> ModelConfig | None:
         return next((model for model in self.models if model.name == name), None)

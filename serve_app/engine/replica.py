@@ -19,7 +19,7 @@ from serve_app.engine.background import BackgroundShare
 from serve_app.engine.scored_cache import ScoredPrefixCache
 from serve_app.engine.shared_prefix import InFlightPrefixes
 from serve_app.engine.vllm_adapter import (
-    engine_args,
+    engine_config,
     engine_result,
     engine_stats,
     prepare_process,
@@ -79,7 +79,8 @@ class ModelReplica:
         self.model = model
         self.metrics = ReplicaMetrics(model.name)
         # vLLM's engine metrics (vllm:*), exported by Ray's metrics agent with this replica's.
-        config = engine_args(model).create_engine_config()
+        model.parallelism().check_model_folder(model.name, model.resolved_path())
+        config = engine_config(model)
         check_runner(config)
         self.engine = AsyncLLM.from_vllm_config(config, stat_loggers=[held_gauges_stat_logger()])
         self.block = block = self.engine.vllm_config.cache_config.block_size

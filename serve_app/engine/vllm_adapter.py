@@ -5,6 +5,7 @@ parts are made to do is the fence's (serve_app.engine.vllm_fence)."""
 
 import os
 import sys
+from pathlib import Path
 
 from serve_app.config import ModelConfig
 from serve_app.engine.vllm_fence.replica_start import ask_for_the_v1_runner
@@ -20,6 +21,7 @@ from serve_app.engine.wire import (
 )
 from serve_app.observe.metrics import EngineRequestStats
 from serve_app.observe.request_log import separate_logger
+from serve_app.parallel import CPU_BINDING, RAY, cpu_binding, uses_gpus
 from serve_app.store.home import apply_cache_environment
 
 
@@ -34,7 +36,20 @@ def prepare_process(model: ModelConfig) -> None:
     # the host's CUDA toolkit (none in the GPU image). Scoring seldom samples, and log-probabilities
     # are taken before sampling: torch's sampler does it with nothing to compile.
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    bind_cpu_workers(model)
     log_vllm_beside_serve()
+
+
+def bind_cpu_workers(model: ModelConfig) -> None:
+    """Each CPU worker of a split model its own cores, unless the environment says which
+    (serve_app.parallel.cpu_binding)."""
+    workers = model.parallelism().workers
+    if uses_gpus(model.ray_actor_options) or CPU_BINDING in os.environ:
+        return
+    numa_nodes = len(list(Path("/sys/devices/system/node").glob("node[0-9]*")))
+    binding = cpu_binding(sorted(os.sched_getaffinity(0)), numa_nodes, workers)
+    if binding is not None:
+        os.environ[CPU_BINDING] = binding
 
 
 def log_vllm_beside_serve() -> None:
@@ -60,6 +75,9 @@ def engine_args(model: ModelConfig):
         dtype=model.dtype,
         max_model_len=model.capabilities.max_model_len,
         max_logprobs=-1,  # the ingress enforces the caps; -1 lets any top-k through
+        tensor_parallel_size=model.tensor_parallel_size,
+        pipeline_parallel_size=model.pipeline_parallel_size,
+        distributed_executor_backend=model.executor_backend(),
         max_num_batched_tokens=model.max_num_batched_tokens,
         enforce_eager=model.enforce_eager,
         gpu_memory_utilization=model.gpu_memory_utilization,
@@ -72,6 +90,17 @@ def engine_args(model: ModelConfig):
         # (the CPU's way), so off until a GPU run proves them with it.
         async_scheduling=False,
     )
+
+
+def engine_config(model: ModelConfig):
+    """vLLM's engine config; a replica whose workers are Ray actors hands vLLM its placement
+    group, which vLLM's engine process (not a Ray worker) cannot look up itself."""
+    config = engine_args(model).create_engine_config()
+    if model.executor_backend() == RAY:
+        from ray.util import get_current_placement_group
+
+        config.parallel_config.placement_group = get_current_placement_group()
+    return config
 
 
 def label_params(request: EngineRequest) -> dict:

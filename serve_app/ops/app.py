@@ -5,7 +5,7 @@ from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 
 from serve_app.batch.runner import BatchRunner
-from serve_app.config import AppConfig, model_deployment_name
+from serve_app.config import AppConfig, ModelConfig, model_deployment_name
 from serve_app.engine.replica import ModelReplica
 from serve_app.engine.windows import stream_items_ahead
 from serve_app.front.ingress import Ingress
@@ -13,16 +13,31 @@ from serve_app.front.replica_router import BoundedStreamRouter
 from serve_app.fullvocab.pool import SerializerPool
 
 
+def replica_placement(model: ModelConfig) -> dict:
+    """A replica's actor options, and the placement group of its workers if it has several."""
+    group = model.placement()
+    return group.serve_options() if group else {"ray_actor_options": model.ray_actor_options}
+
+
+def check_parallel_layouts(config: AppConfig) -> None:
+    """Each split model's layout against its config.json, where its folder is on this node
+    (on a cluster whose head has no models, each replica checks it before its engine starts)."""
+    for model in config.models:
+        if model.resolved_path().is_dir():
+            model.parallelism().check_model_folder(model.name, model.resolved_path())
+
+
 def build_app(args: dict, replica: Deployment | None = None) -> Application:
     """The ingress bound to one model replica deployment per model and the serializer pool;
     `replica`: a subclass of ModelReplica to deploy in its place."""
     config = AppConfig.model_validate(args)
+    check_parallel_layouts(config)
     replica = replica or ModelReplica
     replicas = {
         model.name: replica.options(
             name=model_deployment_name(model.name),
             autoscaling_config=model.autoscaling_config,
-            ray_actor_options=model.ray_actor_options,
+            **replica_placement(model),
             max_ongoing_requests=model.max_ongoing_requests,
             max_queued_requests=model.max_queued_requests,
             health_check_period_s=model.health_check_period_s,

@@ -28,6 +28,9 @@ from tests.e2e.reference import Reference
 
 MODEL = TINY
 FAMILIES = [TINY, TINY_BOS, TINY_SENTENCEPIECE]
+# The main model again, its engine split across two CPU workers: tensor ranks, pipeline stages
+# (tests/e2e/test_parallel.py compares their answers with the one-worker engine's).
+SPLIT_MODELS = {f"{TINY}-tp2": {"tensor_parallel_size": 2}, f"{TINY}-pp2": {"pipeline_parallel_size": 2}}
 MAX_LOGPROBS = 20
 MAX_LABELS = 16
 MAX_MODEL_LEN = 512
@@ -37,7 +40,7 @@ CHUNK_POSITIONS = 8  # a test prompt's rows come in several chunks
 # vLLM's KV block on the CPU is 128 tokens unless configured: one family runs on blocks of 32,
 # whose full-vocabulary windows begin with one block and whose prefix caches reuse 32 at a
 # time (SMOLLM2 keeps vLLM's default).
-KV_BLOCKS = {TINY: 128, TINY_BOS: 128, TINY_SENTENCEPIECE: 32}
+KV_BLOCKS = {TINY: 128, TINY_BOS: 128, TINY_SENTENCEPIECE: 32, **dict.fromkeys(SPLIT_MODELS, 128)}
 ONE_WINDOW = 128  # the full-vocabulary prompt the load and pool tests send: 127 rows, one window
 MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefix_reuse.py)
 # KV cache: a tiny model's token takes 1 KiB, so 64 MiB holds 65,536 of them; SmolLM2's 23 KiB,
@@ -77,6 +80,11 @@ CONFIG = {
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": TINY_SIBLING, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.1},
         "cpu_kv_cache_gib": TINY_KV_GIB}]
+    + [{"name": name, "path": str(embedded_model_path(TINY)), "capabilities": CAPABILITIES,
+        "ray_actor_options": {"num_cpus": 0.1}, "cpu_kv_cache_gib": TINY_KV_GIB,
+        "full_vocab_window": FULL_VOCAB_WINDOW, "kv_block_size": KV_BLOCKS[name],
+        "max_ongoing_requests": 32, "max_queued_requests": 32, **layout}
+       for name, layout in SPLIT_MODELS.items()]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB}],
     # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow
     # machine every waiter of test_overload.py's burst is served.

@@ -89,6 +89,17 @@ class InspectedReplica(TenantsInEngine):
         title is no sure sign: one fresh-clone run found none titled EngineCore)."""
         return [process.pid for process in self.engine.engine_core.resources.engine_manager.processes]
 
+    def placement_group(self) -> dict | None:
+        """The bundles and strategy of the placement group this replica sits in, if any."""
+        from ray.util import get_current_placement_group, placement_group_table
+
+        group = get_current_placement_group()
+        if group is None:
+            return None
+        table = placement_group_table(group)
+        return {"bundles": [table["bundles"][index] for index in sorted(table["bundles"])],
+                "strategy": table["strategy"]}
+
 
 # Ray's workers cannot import the tests package: the class travels by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -1,6 +1,6 @@
 """The worker's patches on tensors: labels and the full vocabulary gathered at prompt
-positions, a window's rows from its first on, labels beside a top-k at generated positions;
-the plugin's entry point that installs them."""
+positions, a window's rows from its first on, labels beside a top-k at generated positions, a
+later pipeline stage's input buffer; the plugin's entry point that installs them."""
 
 from importlib.metadata import entry_points
 
@@ -94,3 +94,38 @@ def test_a_windows_rows_leave_the_worker_from_its_first_row_on_copied():
     assert isinstance(rows, LogprobsTensors) and rows.logprobs.tolist() == written.tolist()
     assert rows.logprobs.untyped_storage().nbytes() == 3 * 4 * 4  # not a view of the buffer
     assert rows.logprob_token_ids.shape == (3, 1) and rows.selected_token_ranks.shape == (3,)
+
+
+class LaterStage:
+    """What GPUModelRunner's stage-input gather reads of a runner of a later pipeline stage
+    that no dummy run warmed (item 10)."""
+
+    max_num_tokens, device = 8, "cpu"
+    model_config = type("ModelConfig", (), {"dtype": torch.float32})
+
+    def __init__(self):
+        self.intermediate_tensors, self.made = None, 0
+        self.model = self
+
+    def make_empty_intermediate_tensors(self, batch_size, dtype, device):
+        from vllm.sequence import IntermediateTensors
+
+        self.made += 1
+        rows = torch.zeros((batch_size, 4), dtype=dtype, device=device)
+        return IntermediateTensors({"hidden_states": rows})
+
+
+def test_a_later_stage_makes_its_input_buffer_on_first_use_and_keeps_it():
+    register()
+    from vllm.sequence import IntermediateTensors
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    runner = LaterStage()
+    received = IntermediateTensors({"hidden_states": torch.arange(12.0).reshape(3, 4)})
+    inputs = GPUModelRunner.sync_and_gather_intermediate_tensors(runner, 3, received, True)
+    assert torch.equal(inputs["hidden_states"], received["hidden_states"])
+    buffer = runner.intermediate_tensors
+    assert runner.made == 1 and buffer["hidden_states"].shape == (LaterStage.max_num_tokens, 4)
+    again = GPUModelRunner.sync_and_gather_intermediate_tensors(runner, 2, None, False)
+    assert runner.made == 1 and runner.intermediate_tensors is buffer
+    assert torch.equal(again["hidden_states"], received["hidden_states"][:2])

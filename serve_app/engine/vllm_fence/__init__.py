@@ -6,7 +6,8 @@ Each module runs in one process:
 - touch_points: in every process that imports the fence. The table (what each change is,
   items 1 to 9, and each private method, attribute and value it uses), the version check,
   and the plumbing that patches a touch point by its qualified name.
-- worker: in vLLM's worker process, the model runner's and its sampler's (items 1, 2, 4).
+- worker: in vLLM's worker processes, every rank's, the model runner's and its sampler's
+  (items 1, 2, 4, 10).
 - scheduler: in vLLM's engine core process, the scheduler's (item 3).
 - front_end: in vLLM's front end, AsyncLLM in the replica's process (items 2, 5, 7).
 - replica_start: in the replica's process, around its engine's start (item 8, self-checks).
@@ -14,7 +15,11 @@ Ray Serve's items 6 and 9 are serve_app.front.replica_router's.
 """
 
 from serve_app.engine.vllm_fence.scheduler import read_prefix_cache_up_to_limits
-from serve_app.engine.vllm_fence.worker import gather_marked_prompt_rows, keep_top_k_beside_labels
+from serve_app.engine.vllm_fence.worker import (
+    gather_marked_prompt_rows,
+    keep_top_k_beside_labels,
+    make_stage_inputs_when_first_needed,
+)
 
 
 def register() -> None:
@@ -23,3 +28,4 @@ def register() -> None:
     gather_marked_prompt_rows()
     read_prefix_cache_up_to_limits()
     keep_top_k_beside_labels()
+    make_stage_inputs_when_first_needed()

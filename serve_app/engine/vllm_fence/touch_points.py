@@ -78,6 +78,18 @@ The runner, on every platform:
    Ray executor copies to its workers as it does every VLLM_ variable) and refuses to start an
    engine whose config says V2 (a user's VLLM_USE_V2_MODEL_RUNNER=1, or an option only V2 has),
    naming the runner: on V2 none of the worker's patches would run.
+
+Split models (serve_app.parallel), in every rank's worker process:
+
+10. A later pipeline stage's inputs: vLLM's GPUModelRunner makes the buffer a stage after the
+   first receives its inputs in (`intermediate_tensors`) in its dummy run, which the CPU
+   worker skips for an eager engine with an explicit KV cache size (probserve's); such an
+   engine split into stages failed its first step (`assert self.intermediate_tensors is not
+   None`). The buffer is made on first use, as the dummy run makes it (a no-op where it ran).
+   Items 1 to 4 need nothing of their own: every tensor rank gathers the whole logits
+   (vLLM's all-gather) and samples, the last stage alone computes logits, and the engine
+   takes its output from that stage's first rank; the scheduler, whose item 3 is, runs once
+   per engine.
 """
 
 import importlib
@@ -194,6 +206,9 @@ TOUCH_POINTS = (
                "called: the applications' details `serve.status()` is made from: replicas by state"),
     TouchPoint("vllm.v1.metrics.ray_wrappers", "RayGaugeWrapper.set", ("self", "value"),
                "overridden: vLLM's engine gauges held between engine steps (item 7)"),
+    TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors",
+               ("self", "num_tokens", "intermediate_tensors", "sync_self"),
+               "a later pipeline stage's input buffer made on first use if no dummy run made it (item 10)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
                "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
 )

@@ -1,7 +1,9 @@
-"""In vLLM's worker process, the model runner's (GPUModelRunner, V1) and its Sampler's:
-labels gathered at prompt positions (item 1), the full vocabulary in token-id order from a
-window's first row on (item 2), and labels beside other requests' top k at generated positions
-(item 4); items of serve_app.engine.vllm_fence.touch_points. register() installs them.
+"""In vLLM's worker processes (every rank of a split model: each computes the same logits,
+gathered to all tensor ranks, on the last pipeline stage), the model runner's (GPUModelRunner,
+V1) and its Sampler's: labels gathered at prompt positions (item 1), the full vocabulary in
+token-id order from a window's first row on (item 2), labels beside other requests' top k at
+generated positions (item 4), and a later pipeline stage's inputs where no dummy run made
+their buffer (item 10); items of serve_app.engine.vllm_fence.touch_points. register() installs them.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -147,3 +149,16 @@ def keep_top_k_beside_labels() -> None:
 
     patched("Sampler.forward", forward_noting_top_k)
     patched("Sampler.gather_specific_token_logprobs", labels_beside_top_k)
+
+
+def make_stage_inputs_when_first_needed() -> None:
+    """A later pipeline stage's buffer for its inputs, made on its first use (item 10)."""
+    gather = original("GPUModelRunner.sync_and_gather_intermediate_tensors")
+
+    def gather_into_a_made_buffer(self, num_tokens, intermediate_tensors, sync_self):
+        if self.intermediate_tensors is None:
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens, dtype=self.model_config.dtype, device=self.device)
+        return gather(self, num_tokens, intermediate_tensors, sync_self)
+
+    patched("GPUModelRunner.sync_and_gather_intermediate_tensors", gather_into_a_made_buffer)
