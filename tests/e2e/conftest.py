@@ -29,8 +29,11 @@ from tests.e2e.reference import Reference
 MODEL = TINY
 FAMILIES = [TINY, TINY_BOS, TINY_SENTENCEPIECE]
 # The main model again, its engine split across two CPU workers: tensor ranks, pipeline stages
-# (tests/e2e/test_parallel.py compares their answers with the one-worker engine's).
+# (tests/e2e/test_parallel.py compares their answers with the one-worker engine's). Scaled to
+# zero but while their tests run: three processes an engine would take the memory and cores
+# the others start and run on.
 SPLIT_MODELS = {f"{TINY}-tp2": {"tensor_parallel_size": 2}, f"{TINY}-pp2": {"pipeline_parallel_size": 2}}
+WHILE_USED = {"min_replicas": 0, "max_replicas": 1, "upscale_delay_s": 0, "downscale_to_zero_delay_s": 60}
 MAX_LOGPROBS = 20
 MAX_LABELS = 16
 MAX_MODEL_LEN = 512
@@ -83,7 +86,7 @@ CONFIG = {
     + [{"name": name, "path": str(embedded_model_path(TINY)), "capabilities": CAPABILITIES,
         "ray_actor_options": {"num_cpus": 0.1}, "cpu_kv_cache_gib": TINY_KV_GIB,
         "full_vocab_window": FULL_VOCAB_WINDOW, "kv_block_size": KV_BLOCKS[name],
-        "max_ongoing_requests": 32, "max_queued_requests": 32, **layout}
+        "max_ongoing_requests": 32, "max_queued_requests": 32, "autoscaling_config": WHILE_USED, **layout}
        for name, layout in SPLIT_MODELS.items()]
     + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB}],
     # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow

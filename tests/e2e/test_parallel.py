@@ -9,6 +9,7 @@ import gzip
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -56,6 +57,17 @@ def both(http, path: str, split: str, **body) -> tuple[dict, dict]:
         assert response.status_code == 200, response.text
         answers.append(response.json())
     return answers[0], answers[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def awake(base_url):
+    """Each split model woken from zero replicas (tests/e2e/conftest.py), both at once."""
+    def wake(model: str) -> int:
+        body = {"model": model, "prompt": "Wake up", "max_tokens": 1}
+        return httpx.post(f"{base_url}/v1/completions", json=body, timeout=900).status_code
+
+    with ThreadPoolExecutor(len(SPLIT_MODELS)) as pool:
+        assert list(pool.map(wake, SPLIT_MODELS)) == [200] * len(SPLIT_MODELS)
 
 
 PROMPTS = ["A short note on the tides, and why they turn twice a day.",
