@@ -49,14 +49,15 @@ screenshots: venv servers
 	PROBSERVE_SCREENSHOTS=docs $(PY) -m pytest tests/e2e/test_viewer.py \
 	  tests/e2e/test_tenancy.py::test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals
 
-# One GPU's smoke test (bench/gpu_smoke.py, docs/operations.md "Running on GPUs"): with an
-# NVIDIA GPU, in a venv of the CUDA build (.venv-gpu); without one, its CPU mode in .venv.
+# The GPU smoke test (bench/gpu_smoke.py, docs/operations.md "Running on GPUs"): with NVIDIA
+# GPUs, in a venv of the CUDA build (.venv-gpu), the model split across them where there are
+# several (GPUS=1 keeps it on one); without one, its CPU mode in .venv.
 GPU_BUILD := $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
 SMOKE_VENV := $(if $(filter gpu,$(GPU_BUILD)),.venv-gpu,$(VENV))
 gpu-smoke:
 	$(MAKE) venv VENV=$(SMOKE_VENV) BUILD=$(GPU_BUILD)
 	$(SMOKE_VENV)/bin/probserve models prepare smollm2-135m-instruct
-	PYTHONPATH=$(CURDIR) $(SMOKE_VENV)/bin/python bench/gpu_smoke.py
+	PYTHONPATH=$(CURDIR) $(SMOKE_VENV)/bin/python bench/gpu_smoke.py $(if $(GPUS),--gpus $(GPUS))
 
 clean:
 	rm -rf $(VENV) .venv-gpu

@@ -10,6 +10,9 @@ ones (the GPU's peak memory meanwhile, from nvidia-smi); then a short load run a
 probserve and against vLLM's own server on the same GPU. The table goes to stdout and to
 `gpu-smoke-<device>.md`.
 
+With several GPUs it serves SmolLM2 split across them (`--gpus`: the most tensor ranks that
+divide its heads, or two pipeline stages on two GPUs) and checks it the same way.
+
 On a machine without a GPU it runs the same checks on the CPU (deployments/local.yaml, the CPU
 tolerance): the test suite runs it so against its own service (`--url`), so it cannot rot.
 
@@ -21,6 +24,7 @@ import argparse
 import asyncio
 import copy
 import io
+import json
 import platform
 import re
 import subprocess
@@ -38,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serve_app.config import model_deployment_name
 from serve_app.ops import local_ray
+from serve_app.parallel import Parallelism
 from serve_app.store.home import apply_cache_environment
 from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 from tests.e2e.reference import Reference
@@ -126,22 +131,35 @@ def deployment(device: str) -> dict:
     return yaml.safe_load((ROOT / "deployments" / name).read_text())["applications"][0]["args"]
 
 
-def smoke_model(device: str) -> dict:
-    """The deployment's first model's settings, for the embedded SmolLM2, one replica."""
+def split_layout(gpus: int) -> tuple[int, int]:
+    """SmolLM2 across this many GPUs: the most tensor ranks that divide its 9 heads (3 on 3 to 8
+    GPUs), else two pipeline stages of its 30 layers (2 GPUs: 9 heads do not split in two)."""
+    config = json.loads((embedded_model_path(SMOLLM2) / "config.json").read_text())
+    tensor = max(size for size in range(1, gpus + 1) if not Parallelism(size, 1).problems(config))
+    return (tensor, 1) if tensor > 1 or gpus < 2 else (1, 2)
+
+
+def smoke_model(device: str, layout: tuple[int, int] = (1, 1)) -> dict:
+    """The deployment's first model's settings, for the embedded SmolLM2, one replica, split
+    as `layout` (tensor, pipeline) with a GPU a worker."""
     model = copy.deepcopy(deployment(device)["models"][0])
-    model.update(name=SMOLLM2, autoscaling_config={"min_replicas": 1, "max_replicas": 1})
+    model.update(name=SMOLLM2, autoscaling_config={"min_replicas": 1, "max_replicas": 1},
+                 tensor_parallel_size=layout[0], pipeline_parallel_size=layout[1])
     model.pop("path", None)
-    model.get("ray_actor_options", {}).pop("resources", None)
+    # A cluster's node groups and pod sizes: on one machine, Ray places by what it has (a
+    # replica of three workers would otherwise ask for three times gpu.yaml's 48 GiB).
+    for sizing in ("resources", "memory"):
+        model.get("ray_actor_options", {}).pop(sizing, None)
     return model
 
 
-def smoke_args(device: str) -> dict:
+def smoke_args(device: str, layout: tuple[int, int] = (1, 1)) -> dict:
     """The deployment's sections but tenancy and batch storage (keys and shared folders of a
     cluster), serving the smoke's model."""
     args = {key: value for key, value in deployment(device).items() if key not in ("tenancy", "batch")}
     for section in ("ingress", "serializer_pool"):
         args.get(section, {}).get("ray_actor_options", {}).pop("resources", None)
-    return {**args, "models": [smoke_model(device)]}
+    return {**args, "models": [smoke_model(device, layout)]}
 
 
 def post(url: str, body: dict, **options) -> httpx.Response:
@@ -339,15 +357,19 @@ def main() -> None:
                         help="the load run against vLLM's own server too (it takes a minute to start "
                              "on a CPU)")
     parser.add_argument("--output", type=Path, default=Path("."), help="folder of the table's file")
+    parser.add_argument("--gpus", type=int, help="GPUs to split the model across (default: all torch "
+                        "sees; 1: unsplit)")
     options = parser.parse_args()
     import torch
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     apply_cache_environment()
     prepare(SMOLLM2)
-    table = Table(device_name(device))
+    gpus = options.gpus or (torch.cuda.device_count() if device == "cuda" else 1)
+    layout = split_layout(gpus)
+    table = Table(device_name(device) + (f", {layout[0]} x {layout[1]} workers" if gpus > 1 else ""))
     table.check("environment", lambda: environment(device))
-    url = options.url or local_ray.start(smoke_args(device), port=PORT, log_to_driver=False)
+    url = options.url or local_ray.start(smoke_args(device, layout), port=PORT, log_to_driver=False)
     checks = Checks(url, options.metrics_url, Reference(embedded_model_path(SMOLLM2)), device)
     table.check("echo with top-5", checks.echo_top_5)
     table.check("labels", checks.labels)

@@ -198,6 +198,9 @@ class ModelConfig(Strict):
         """The replica's placement group when its engine has several workers."""
         return placement(self.parallelism(), self.ray_actor_options, self.executor_backend())
 
+    def workers_per_node(self) -> int:
+        return self.parallelism().workers_per_node(self.executor_backend())
+
     def replica_reserves(self) -> dict[str, Any]:
         """What one replica reserves, workers included, as ray_actor_options."""
         group = self.placement()

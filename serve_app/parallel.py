@@ -45,6 +45,11 @@ class Parallelism:
                             f"{self.pipeline} (uneven stages: the largest sets the pace)")
         return problems
 
+    def workers_per_node(self, backend: str | None) -> int:
+        """The workers one node holds: all of them under the multiprocess executor, a stage's
+        tensor ranks (exchanging activations every layer) under the Ray executor."""
+        return self.tensor if backend == RAY else self.workers
+
     def check_model_folder(self, name: str, folder: Path) -> None:
         """ValueError naming the model and the numbers when the layout does not fit it."""
         if self.workers == 1:

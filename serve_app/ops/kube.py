@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from serve_app.config import AppConfig, ModelConfig
+from serve_app.parallel import bundles_total, scaled
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "k8s" / "base" / "rayservice.yaml"
@@ -38,6 +39,9 @@ MODEL_OBJECT_STORE = 2 * GIB
 CLUSTER = "/spec/rayClusterConfig"
 # The memory volume at /dev/shm that holds a pod's object store (k8s/base/rayservice.yaml).
 SHM_VOLUME = "shm"
+# /dev/shm beside the object store for each engine worker of a pod that holds several: NCCL's
+# buffers between GPUs without a direct path, vLLM's message queues between its processes.
+SHM_PER_WORKER = GIB
 
 
 def serve_config_v2(document: dict) -> str:
@@ -88,16 +92,19 @@ def quantity(memory_bytes: int) -> str:
 
 
 def model_group(model: ModelConfig, template: dict, resource: str) -> dict:
-    """A worker group of one replica per pod: the CPU group's pod, sized for the model."""
-    options, scaling = model.ray_actor_options, model.autoscaling_config
+    """A worker group of the CPU group's pod, sized for the model: a pod a replica, or, for a
+    model split across nodes, a pod a node's share of its workers (a pipeline stage)."""
+    share = model.workers_per_node()
+    options = bundles_total([scaled(model.ray_actor_options, share)])
+    pods_a_replica, scaling = model.parallelism().workers // share, model.autoscaling_config
     group = copy.deepcopy(template)
     pod = group["template"]
     pod["metadata"]["labels"].update({"app.kubernetes.io/component": "model",
                                       "probserve.dev/model": model.name})
     (container,) = pod["spec"]["containers"]
     cpus = math.ceil(options.get("num_cpus", 1)) + RAY_OVERHEAD_CPUS
-    memory = quantity(options.get("memory", 8 * GIB) + MODEL_OBJECT_STORE + RAY_PROCESSES_MEMORY)
-    gpus = options.get("num_gpus", 0)
+    memory = quantity(options.get("memory", 8 * GIB * share) + MODEL_OBJECT_STORE + RAY_PROCESSES_MEMORY)
+    gpus = options["num_gpus"]
     container["resources"] = {"requests": {"cpu": str(cpus), "memory": memory},
                               "limits": {"cpu": str(cpus), "memory": memory}}
     if gpus:
@@ -105,12 +112,12 @@ def model_group(model: ModelConfig, template: dict, resource: str) -> dict:
             bound["nvidia.com/gpu"] = str(math.ceil(gpus))
     container["readinessProbe"]["httpGet"]["path"] = f"/health?model={model.name}"
     (shm,) = [volume for volume in pod["spec"]["volumes"] if volume["name"] == SHM_VOLUME]
-    shm["emptyDir"]["sizeLimit"] = quantity(MODEL_OBJECT_STORE)
-    group.update(groupName=model.name[:63], minReplicas=scaling.get("min_replicas", 1),
-                 maxReplicas=scaling.get("max_replicas", 1), replicas=scaling.get("min_replicas", 1),
+    shm["emptyDir"]["sizeLimit"] = quantity(MODEL_OBJECT_STORE + (SHM_PER_WORKER * share if share > 1 else 0))
+    least, most = (scaling.get(bound, 1) * pods_a_replica for bound in ("min_replicas", "max_replicas"))
+    group.update(groupName=model.name[:63], minReplicas=least, maxReplicas=most, replicas=least,
                  rayStartParams={**group["rayStartParams"], "num-cpus": str(cpus - RAY_OVERHEAD_CPUS),
                                  "object-store-memory": str(MODEL_OBJECT_STORE),
-                                 "resources": json.dumps(json.dumps({resource: 1}))})
+                                 "resources": json.dumps(json.dumps({resource: share}))})
     return group
 
 

@@ -55,9 +55,10 @@ def test_the_file_builds_what_it_says(path):
     assert_deployed_as(built["SerializerPool"], pool.autoscaling_config, pool.ray_actor_options,
                        pool.max_ongoing_requests)
     for model in config.models:
-        deployment = built[model_deployment_name(model.name)]
-        assert_deployed_as(deployment, model.autoscaling_config, model.ray_actor_options,
-                           model.max_ongoing_requests)
+        deployment, group = built[model_deployment_name(model.name)], model.placement()
+        actor_options = group.actor_options if group else model.ray_actor_options
+        assert_deployed_as(deployment, model.autoscaling_config, actor_options, model.max_ongoing_requests)
+        assert deployment._replica_config.placement_group_bundles == (group.bundles if group else None)
         assert deployment.max_queued_requests == model.max_queued_requests
         router = deployment._deployment_config.request_router_config
         # A wait in the router is as long each time: the end of a request wakes it sooner.
@@ -70,22 +71,27 @@ def test_production_places_models_on_their_groups_and_the_rest_on_cpu_nodes():
     assert http["host"] == "0.0.0.0"
     for name in ("Ingress", "SerializerPool", "BatchRunner"):
         assert built[name].ray_actor_options["resources"] == {"probserve-cpu": 1}
-    models = [d for name, d in built.items() if name.startswith("Model-")]
-    assert len(models) >= 2
-    for deployment in models:
-        options = deployment.ray_actor_options
-        assert options["num_gpus"] == 1
-        assert options["resources"] == {f"probserve-{deployment.name.lower()}": 1}
+    config = AppConfig.model_validate(args)
+    assert len(config.models) >= 2
+    for model in config.models:
+        options = built[model_deployment_name(model.name)].ray_actor_options
+        # Its GPUs (all its workers' under the multiprocess executor, none under Ray's, whose
+        # workers hold them) and its group's resource, as many as the workers on its node.
+        held = model.workers_per_node() if model.executor_backend() != "ray" else 1
+        assert options.get("num_gpus", 0) == (0 if model.executor_backend() == "ray" else held)
+        assert options["resources"] == {f"probserve-model-{model.name}": held}
 
 
 def test_one_machine_declares_the_node_groups_a_file_asks_for():
     args, _, _ = serve_config(Path(FILES[0]).parent / "production.yaml")
     cpus, resources = logical_resources(AppConfig.model_validate(args))
-    # ingress 1 x 8, pool 1 x 16, batch runner 0.5, models 4 x (4 + 2 + 2): every deployment
-    # at its largest
-    assert cpus == 8 + 16 + 1 + 32 + 1
+    # ingress 1 x 8, pool 1 x 16, batch runner 0.5, models 4 x (4 + 2 + 2), 70B 8 workers x 4 x
+    # 2 replicas, 405B 16 workers x 4: every deployment at its largest
+    assert cpus == 8 + 16 + 1 + 32 + 64 + 64 + 1
     assert resources == {"probserve-cpu": 25, "probserve-model-llama-3.1-8b": 4,
-                         "probserve-model-qwen2.5-7b-instruct": 2, "probserve-model-mistral-7b-instruct": 2}
+                         "probserve-model-qwen2.5-7b-instruct": 2, "probserve-model-mistral-7b-instruct": 2,
+                         "probserve-model-llama-3.1-70b-instruct": 16,
+                         "probserve-model-llama-3.1-405b-instruct": 16}
 
 
 def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(monkeypatch):

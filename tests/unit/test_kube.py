@@ -172,13 +172,16 @@ def test_every_model_with_a_group_has_it_sized_and_scaled_as_its_serve_config_sa
         if resource is None:
             assert model.name not in by_name
             continue
-        group = by_name[model.name]
-        assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {resource: 1}
-        assert group["minReplicas"] == model.autoscaling_config.get("min_replicas", 1)
-        assert group["maxReplicas"] == model.autoscaling_config["max_replicas"]
-        assert gpus(group) == model.ray_actor_options.get("num_gpus", 0)
-        assert kube.PodSize(group).ray_memory >= model.ray_actor_options.get("memory", 0)
-        assert float(group["rayStartParams"]["num-cpus"]) >= model.ray_actor_options.get("num_cpus", 1)
+        # A pod a replica, or for a model split across nodes a pod a node's share of its workers.
+        group, share = by_name[model.name], model.workers_per_node()
+        pods = model.parallelism().workers // share
+        assert json.loads(json.loads(group["rayStartParams"]["resources"])) == {resource: share}
+        assert group["minReplicas"] == model.autoscaling_config.get("min_replicas", 1) * pods
+        assert group["maxReplicas"] == model.autoscaling_config["max_replicas"] * pods
+        assert gpus(group) == model.ray_actor_options.get("num_gpus", 0) * share
+        assert kube.PodSize(group).ray_memory >= model.ray_actor_options.get("memory", 0) * share
+        cpus = float(group["rayStartParams"]["num-cpus"])
+        assert cpus >= model.ray_actor_options.get("num_cpus", 1) * share
         (container,) = group["template"]["spec"]["containers"]
         assert container["readinessProbe"]["httpGet"]["path"] == f"/health?model={model.name}"
         if model.path:
@@ -259,3 +262,40 @@ def test_every_pods_object_store_fits_in_its_dev_shm(overlay):
         assert volume["emptyDir"]["medium"] == "Memory"
         store = int(group["rayStartParams"]["object-store-memory"])
         assert bytes_of(volume["emptyDir"]["sizeLimit"]) >= store, group.get("groupName", "head")
+
+
+def pod_capacity(group: dict) -> dict[str, float]:
+    """What Ray may place on one pod of a group: its CPUs, GPUs, memory and custom resources."""
+    return {"CPU": float(group["rayStartParams"]["num-cpus"]), "GPU": gpus(group),
+            "memory": kube.PodSize(group).ray_memory,
+            **json.loads(json.loads(group["rayStartParams"]["resources"]))}
+
+
+def packed(bundles: list[dict], capacity: dict[str, float], pods: int) -> bool:
+    """Whether the bundles fit `pods` pods of this capacity, each bundle whole on one (first fit)."""
+    free = [dict(capacity) for _ in range(pods)]
+    for bundle in bundles:
+        pod = next((pod for pod in free if all(pod.get(k, 0) >= v for k, v in bundle.items())), None)
+        if pod is None:
+            return False
+        for name, amount in bundle.items():
+            pod[name] -= amount
+    return True
+
+
+def test_each_split_model_s_placement_group_fits_the_pods_of_its_group():
+    service = rayservice("production")
+    config = AppConfig.model_validate(serve_document("production")["applications"][0]["args"])
+    by_name = {group["groupName"]: group for group in groups(service)}
+    split = [model for model in config.models if model.parallelism().workers > 1]
+    assert {(model.tensor_parallel_size, model.pipeline_parallel_size) for model in split} == {(8, 1), (8, 2)}
+    for model in split:
+        group, bundles = by_name[model.name], model.placement().bundles
+        pods = model.parallelism().workers // model.workers_per_node()
+        assert packed(bundles, pod_capacity(group), pods), model.name
+        assert not packed(bundles, pod_capacity(group), pods - 1), model.name  # none to spare
+        (volume,) = [v for v in group["template"]["spec"]["volumes"] if v["name"] == kube.SHM_VOLUME]
+        store = int(group["rayStartParams"]["object-store-memory"])
+        shm = bytes_of(volume["emptyDir"]["sizeLimit"])
+        assert shm >= store + kube.SHM_PER_WORKER * model.workers_per_node()
+
