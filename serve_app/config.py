@@ -4,6 +4,7 @@ Each model's capabilities live here and nowhere else: GET /v1/models reports the
 ingress enforces them.
 """
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -11,8 +12,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from ray.serve.config import AutoscalingConfig
 
 from serve_app.parallel import Parallelism, Placement, check_backend, executor_backend, placement
+from serve_app.store.adapter_store import TARGET_MODULES, adapter_path
 from serve_app.store.home import probserve_home
-from serve_app.store.model_store import BUILDERS, embedded_model_path
+from serve_app.store.model_store import ADAPTERS, BUILDERS, embedded_model_path
 from serve_app.vllm_constants import MAX_LOGPROB_TOKEN_IDS
 
 
@@ -86,10 +88,67 @@ class ScoredCacheConfig(Strict):
                        "to this many are served from it")
 
 
+SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+# vLLM's choices of max_lora_rank (vllm.config.lora.MaxLoRARanks).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+
+
+class AdapterConfig(Strict):
+    """A LoRA adapter of a model, served as a model of its own (docs/api.md "Adapters")."""
+
+    name: str = Field(pattern=SERVED_NAME, description="the id clients send as `model`")
+    path: str | None = Field(None, description="its folder (PEFT's adapter_config.json and "
+                             "adapter_model.safetensors), which every replica's node sees; "
+                             "none: the store's test adapter of this name")
+
+    @model_validator(mode="after")
+    def path_or_built(self) -> "AdapterConfig":
+        if self.path is None and self.name not in ADAPTERS:
+            raise ValueError(f"adapter {self.name!r} needs a path: the store's test adapters are "
+                             f"{sorted(ADAPTERS)}")
+        return self
+
+    def resolved_path(self) -> Path:
+        return Path(self.path).expanduser() if self.path else adapter_path(self.name)
+
+
+class LoraConfig(Strict):
+    """LoRA adapters on a model: vLLM's enable_lora with these bounds."""
+
+    max_lora_rank: LoraRank = Field(16, description="the largest rank an adapter may have "
+                                    "(vLLM's choices: 1, 8, 16, 32, ... 512)")
+    max_loras: int = Field(4, ge=1, description="adapters one engine step computes")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="adapters a replica holds loaded, the least recently used "
+        "dropped first (at least max_loras); none: max_loras")
+    target_modules: list[str] = Field(
+        TARGET_MODULES, min_length=1, description="the modules adapters may change (vLLM's "
+        "names, as in PEFT's adapter_config.json): by default a Llama-style model's attention "
+        "and MLP projections. Never lm_head: vLLM computes prompt rows' logits through a LoRA "
+        "lm_head with one adapter per request, and an engine step holding two requests' prompt "
+        "rows stops the engine")
+    adapters: list[AdapterConfig] = Field([], description="adapters every tenant that may "
+                                           "use the model may use")
+
+    @model_validator(mode="after")
+    def leaves_the_logits_alone(self) -> "LoraConfig":
+        if {"lm_head", "logits_processor"} & set(self.target_modules):
+            raise ValueError("lora.target_modules: probserve serves no LoRA on lm_head (vLLM "
+                             "stops when two requests' prompt rows go through one)")
+        return self
+
+    @model_validator(mode="after")
+    def holds_a_step(self) -> "LoraConfig":
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"lora.max_cpu_loras ({self.max_cpu_loras}) must be at least "
+                             f"lora.max_loras ({self.max_loras})")
+        return self
+
+
 class ModelConfig(Strict):
     """One model: its engine, its replicas' deployment and its bounds (docs/operations.md)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+    name: str = Field(pattern=SERVED_NAME,
                       description="the id clients send as `model`; an embedded model's name "
                       "needs no `path`")
     path: str | None = Field(None, description="a local Hugging Face folder (config, tokenizer, "
@@ -162,6 +221,8 @@ class ModelConfig(Strict):
         128, ge=1, description="prompt positions of full-vocabulary rows computed at a time, "
         "in whole KV blocks (at least one): no process holds more than a window of "
         "positions x vocabulary (serve_app.engine.windows)")
+    lora: LoraConfig | None = Field(None, description="LoRA adapters served on this model; "
+                                    "none: no adapters (vLLM without enable_lora)")
     shared_prefix_caches: bool = Field(
         False, description="the prefix caches (vLLM's, salted per tenant, and the scored "
         "cache) are each tenant's own unless true: a shared cache lets a tenant time whether "
@@ -306,6 +367,18 @@ class TenancyConfig(Strict):
         return self
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a request's `model` names: a model, or an adapter on one."""
+
+    model: ModelConfig
+    adapter: AdapterConfig | None = None
+
+    @property
+    def name(self) -> str:
+        return self.adapter.name if self.adapter else self.model.name
+
+
 class AppConfig(Strict):
     models: list[ModelConfig] = Field(min_length=1)
     ingress: IngressConfig = IngressConfig()
@@ -315,9 +388,9 @@ class AppConfig(Strict):
 
     @model_validator(mode="after")
     def unique_names(self) -> "AppConfig":
-        names = [model.name for model in self.models]
+        names = [served.name for served in self.served_models()]
         if len(names) != len(set(names)):
-            raise ValueError(f"model names must be unique, got {names}")
+            raise ValueError(f"model and adapter names must be unique, got {names}")
         return self
 
     @model_validator(mode="after")
@@ -345,3 +418,11 @@ class AppConfig(Strict):
 
     def model(self, name: str) -> ModelConfig | None:
         return next((model for model in self.models if model.name == name), None)
+
+    def served_models(self) -> list[Served]:
+        """Every model, each followed by its adapters."""
+        return [served for model in self.models for served in
+                (Served(model), *(Served(model, a) for a in (model.lora.adapters if model.lora else [])))]
+
+    def served(self, name: str) -> Served | None:
+        return next((served for served in self.served_models() if served.name == name), None)

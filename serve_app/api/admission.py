@@ -337,4 +337,5 @@ def sampling_request(prompt: PromptInput, request: SamplingRequest, caps: Capabi
         logprob_token_ids=request.logprob_token_ids,
         tenant=caller.tenant,
         priority=caller.priority,
+        adapter=caller.adapter,
     )

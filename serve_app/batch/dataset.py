@@ -24,7 +24,7 @@ from serve_app.api import admission
 from serve_app.api.conversation import render_chat
 from serve_app.api.request_models import MESSAGES_RULE, ChatRequest, CompletionRequest, parse_request
 from serve_app.config import Capabilities, IngressConfig
-from serve_app.engine.wire import Caller, EngineRequest, EngineResult
+from serve_app.engine.wire import Adapter, Caller, EngineRequest, EngineResult
 from serve_app.errors import APIError, invalid
 from serve_app.text.vocabulary import Vocabulary
 
@@ -198,9 +198,9 @@ def request_body(document: object, options: ScoreOptions, vocab: Vocabulary) -> 
 
 
 def admit_document(document: dict, options: ScoreOptions, caps: Capabilities, ingress: IngressConfig,
-                   vocab: Vocabulary, priority: int) -> EngineRequest:
-    """The document's engine request, of the run's tenant at `priority`, after every check the
-    online API makes; APIError if it would refuse it."""
+                   vocab: Vocabulary, priority: int, adapter: Adapter | None = None) -> EngineRequest:
+    """The document's engine request, of the run's tenant at `priority` (on `adapter`, if the
+    run's model is one), after every check the online API makes; APIError if it would refuse it."""
     if "" in document:
         raise document[""]
     if options.column not in document or document[options.column] is None:
@@ -209,7 +209,7 @@ def admit_document(document: dict, options: ScoreOptions, caps: Capabilities, in
     body = request_body(document[options.column], options, vocab)
     rules = admission.rules(caps, ingress)
     admitted = admission.admit_completion(parse_request(CompletionRequest, body, rules), caps, ingress,
-                                          vocab, Caller(options.tenant, priority))
+                                          vocab, Caller(options.tenant, priority, adapter))
     return admitted.engine_requests[0]
 
 

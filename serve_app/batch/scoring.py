@@ -26,7 +26,7 @@ from serve_app.batch import dataset
 from serve_app.batch.dataset import PartColumns, ScoreOptions, Shard
 from serve_app.config import AppConfig, model_deployment_name
 from serve_app.engine.transient import TRANSIENT
-from serve_app.engine.wire import EngineRequest, EngineResult
+from serve_app.engine.wire import Adapter, EngineRequest, EngineResult
 from serve_app.errors import APIError, invalid
 from serve_app.store.home import keep_ray_token_at_home, probserve_home
 from serve_app.text.vocabulary import Vocabulary
@@ -64,11 +64,12 @@ class ShardScorer:
         self.output_fs, self.output = pafs.FileSystem.from_uri(output_uri)
         self.options, self.in_flight = options, in_flight
         config: AppConfig = serve.get_deployment_handle("Ingress", app_name).app_config.remote().result()
-        self.model = config.model(options.model)
-        self.ingress = config.ingress
+        served = config.served(options.model)  # a model, or an adapter on one
+        self.model, self.adapter = served.model, Adapter.of(served.adapter)
         self.priority = config.batch.priority  # background work, as a batch's lines
+        self.ingress = config.ingress
         self.vocab = Vocabulary.load(self.model.resolved_path())
-        self.replica = serve.get_deployment_handle(model_deployment_name(options.model), app_name)
+        self.replica = serve.get_deployment_handle(model_deployment_name(self.model.name), app_name)
         # Each thread waits on one document's call: Serve's handle sends them from its own loop.
         self.senders = ThreadPoolExecutor(in_flight, thread_name_prefix="probserve-score")
 
@@ -106,7 +107,7 @@ class ShardScorer:
         RETRY_FOR_S."""
         try:
             request = dataset.admit_document(document, self.options, self.model.capabilities,
-                                             self.ingress, self.vocab, self.priority)
+                                             self.ingress, self.vocab, self.priority, self.adapter)
             give_up = time.monotonic() + RETRY_FOR_S
             while True:
                 try:

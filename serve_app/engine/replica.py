@@ -22,6 +22,7 @@ from serve_app.engine.vllm_adapter import (
     engine_config,
     engine_result,
     engine_stats,
+    lora_request,
     prepare_process,
     sampling_params,
 )
@@ -31,6 +32,8 @@ from serve_app.engine.vllm_fence.replica_start import check_runner, self_check
 from serve_app.engine.windows import joined_windows, next_window, prompt_windows
 from serve_app.engine.wire import (
     REPLICA_ITSELF,
+    Adapter,
+    AdapterUnavailable,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
@@ -88,6 +91,7 @@ class ModelReplica:
         self.window = max(model.full_vocab_window // block, 1) * block
         self.background_window = max(model.background_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
+        self.adapter_ids: dict[Adapter, int] = {}
         self.background = BackgroundShare(model.max_background_in_engine,
                                           model.max_background_in_engine_quiet or model.max_ongoing_requests,
                                           model.background_quiet_s)
@@ -113,11 +117,12 @@ class ModelReplica:
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids,
                               cache_salt=self.cache_namespace(request))
         final, generated = None, 0
+        adapter = await self.loaded(request.adapter)
         try:
             async with self.background.turn(request):
                 async for output in self.engine.generate(prompt, sampling_params(request, stream),
                                                          f"{self.model.name}-{uuid.uuid4().hex}",
-                                                         priority=request.priority):
+                                                         lora_request=adapter, priority=request.priority):
                     final = output
                     generated += sum(len(c.token_ids) for c in output.outputs)
                     yield output
@@ -126,10 +131,40 @@ class ModelReplica:
                                     "a new replica is being started") from None
         self.metrics.served(engine_stats(final, generated))
 
+    def lora_request(self, adapter: Adapter):
+        """vLLM's request for the adapter, numbered in the order this replica first saw each
+        (never a number another adapter had)."""
+        if adapter not in self.adapter_ids:
+            self.adapter_ids[adapter] = max(self.adapter_ids.values(), default=0) + 1
+        return lora_request(adapter, self.adapter_ids[adapter])
+
+    async def loaded(self, adapter: Adapter | None):
+        """vLLM's request for the adapter, loaded into the engine on first use: an adapter
+        vLLM cannot load is refused here (AdapterUnavailable), where loading it in an engine
+        step would stop the engine."""
+        if adapter is None:
+            return None
+        first = adapter not in self.adapter_ids
+        request = self.lora_request(adapter)
+        if first:
+            try:
+                await self.engine.add_lora(request)
+            except Exception as error:
+                del self.adapter_ids[adapter]
+                # vLLM's reason names the folder, which only the log may show.
+                logger.error("model %s: adapter %s not loaded: %s", self.model.name, adapter.name, error)
+                raise AdapterUnavailable(f"model {self.model.name!r} could not load adapter "
+                                         f"{adapter.name!r}: its folder is missing on this replica's "
+                                         "node or holds no readable LoRA adapter") from None
+        return request
+
     def cache_namespace(self, request: EngineRequest) -> str:
         """Whose prefix caches the request reads and fills (vLLM's KV cache salted with it, the
-        scored-prefix cache keyed by it): its tenant's, unless the model shares them."""
-        return SHARED_CACHES if self.model.shared_prefix_caches else f"tenant:{request.tenant}"
+        scored-prefix cache keyed by it): its tenant's, unless the model shares them, and its
+        adapter's: the same tokens under another adapter have other rows."""
+        owner = SHARED_CACHES if self.model.shared_prefix_caches else f"tenant:{request.tenant}"
+        adapter = request.adapter
+        return f"{owner}|adapter:{adapter.name}:{adapter.path}" if adapter else owner
 
     def uses_scored_cache(self, request: EngineRequest) -> bool:
         return self.scored is not None and self.scored.eligible(request)

@@ -11,6 +11,7 @@ from serve_app.config import ModelConfig
 from serve_app.engine.vllm_fence.replica_start import ask_for_the_v1_runner
 from serve_app.engine.vllm_fence.touch_points import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
 from serve_app.engine.wire import (
+    Adapter,
     Completion,
     EngineRequest,
     EngineResult,
@@ -68,6 +69,7 @@ def engine_args(model: ModelConfig):
     # vLLM sizes CPU memory from the NUMA node, not the machine: set the KV cache explicitly
     # (VLLM_CPU_KVCACHE_SPACE in the environment, whole GiB, still overrides it).
     cpu_kv_cache = round(model.cpu_kv_cache_gib * 2**30) if current_platform.is_cpu() else None
+    lora = model.lora
 
     return AsyncEngineArgs(
         model=str(model.resolved_path()),
@@ -83,6 +85,9 @@ def engine_args(model: ModelConfig):
         gpu_memory_utilization=model.gpu_memory_utilization,
         kv_cache_memory_bytes=cpu_kv_cache,
         block_size=model.kv_block_size,
+        enable_lora=lora is not None,
+        **({"max_lora_rank": lora.max_lora_rank, "max_loras": lora.max_loras,
+            "max_cpu_loras": lora.max_cpu_loras, "lora_target_modules": lora.target_modules} if lora else {}),
         disable_log_stats=False,  # vLLM's per-request statistics and engine metrics
         scheduling_policy="priority",  # online requests before batch work (EngineRequest.priority)
         # On by default on CUDA: the next step is scheduled before the last one's outputs are
@@ -101,6 +106,14 @@ def engine_config(model: ModelConfig):
 
         config.parallel_config.placement_group = get_current_placement_group()
     return config
+
+
+def lora_request(adapter: Adapter, adapter_id: int):
+    """vLLM's request for an adapter; `adapter_id` is its number in this engine, never reused
+    for another. vLLM's prefix cache keys blocks by the adapter's name and folder."""
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter_id, adapter.path)
 
 
 def label_params(request: EngineRequest) -> dict:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
+from serve_app.config import AdapterConfig
+
 
 def token_array(token_ids) -> np.ndarray:
     return np.asarray(token_ids, np.int32)
@@ -28,18 +30,36 @@ class EngineUnavailable(Exception):
     request gets 503 `not_ready` while Ray Serve replaces the replica."""
 
 
+class AdapterUnavailable(Exception):
+    """Raised by a model replica whose engine could not load a request's LoRA adapter (its
+    folder missing on the replica's node, or unreadable): 400 `adapter_not_found`."""
+
+
 class QueueTimeout(Exception):
     """Raised by a model replica for a request that waited for a place longer than its model's
     `max_queue_wait_s`: the request gets 503 `overloaded`."""
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter a request is computed with: its served name and its folder."""
+
+    name: str
+    path: str
+
+    @classmethod
+    def of(cls, adapter: AdapterConfig | None) -> "Adapter | None":
+        return adapter and cls(adapter.name, str(adapter.resolved_path()))
+
+
+@dataclass(frozen=True)
 class Caller:
-    """Whose engine requests admission builds: the tenant (ANONYMOUS without a key file) and
-    the scheduling priority (ONLINE, or a batch's)."""
+    """Whose engine requests admission builds, and on what: the tenant (ANONYMOUS without a
+    key file), the scheduling priority (ONLINE, or a batch's), the adapter (none: the base)."""
 
     tenant: str
     priority: int
+    adapter: Adapter | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,8 @@ class EngineRequest:
     # vLLM's scheduling priority, lower first: ONLINE for the API's callers, higher for batch
     # lines and dataset documents (BatchConfig.priority), which take what online work leaves.
     priority: int = field(kw_only=True)
+    # The LoRA adapter the model computes it with; none: the base model.
+    adapter: Adapter | None = field(default=None, kw_only=True)
 
     def background(self) -> bool:
         return self.priority > ONLINE

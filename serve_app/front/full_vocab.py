@@ -59,11 +59,12 @@ class FullVocabResponses:
                           f"{self.limits.max_full_vocab_waiting}, each for at most "
                           f"{self.limits.full_vocab_wait_s:g} s): retry later", self.limits.retry_after_s)
 
-    def body(self, request: Request, model: str, vocab: Vocabulary, body: CompletionRequest | ChatRequest,
-             admitted: Admitted, prompts: list[StreamedRows], release: Callable[[], None],
-             record: RequestRecord) -> StreamingResponse:
+    def body(self, request: Request, model: str, served: str, vocab: Vocabulary,
+             body: CompletionRequest | ChatRequest, admitted: Admitted, prompts: list[StreamedRows],
+             release: Callable[[], None], record: RequestRecord) -> StreamingResponse:
         """The response streamed as its prompts' windows come: `.npy` when asked by name,
-        else JSON; `release` when it ends."""
+        else JSON; `release` when it ends. `model` is the vocabulary's (the pool's key),
+        `served` what the answer names (an adapter's name)."""
         if npy.accepts_npy(request.headers.get("accept")):  # never gzip: float32 noise
             parts = npy.body_parts([p.token_ids for p in admitted.prompts], prompts, vocab.logits_size)
             chunks = full_vocab_body(parts, lambda chunk: self.serializers.write_npy.remote(model, chunk),
@@ -72,7 +73,7 @@ class FullVocabResponses:
                                   release, record)
         gzip = accepts_gzip(request.headers.get("accept-encoding"))
         piece = self.chunk_positions if gzip else piece_positions(vocab.logits_size, self.piece_bytes)
-        parts = response_parts(model, vocab, body, admitted, prompts, piece)
+        parts = response_parts(served, vocab, body, admitted, prompts, piece)
         chunks = full_vocab_body(parts, lambda piece: self.serializers.write.remote(model, piece, gzip),
                                  self.window, gzip)
         return streaming_body(recorded(chunks, prompts, body.n, record), "application/json", gzip,

@@ -66,7 +66,8 @@ class Ingress:
     async def health(self, model: str | None = None) -> Response:
         """Readiness of every model, or of one (`?model=`): 200 when ready, else 503
         `not_ready` naming the models that are not, with each model's state."""
-        names = [m.name for m in self.config.models] if model is None else [self.pipeline.model(model).name]
+        names = ([m.name for m in self.config.models] if model is None
+                 else [self.pipeline.served(model).model.name])
         states = dict(zip(names, await asyncio.gather(*map(self.engines.readiness, names)), strict=True))
         shown = {name: state.text() for name, state in states.items()}
         down = ", ".join(name for name, state in states.items() if not state.serving)
@@ -92,11 +93,11 @@ class Ingress:
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> Response:
-        """The models the caller's tenant may use, with its caps."""
+        """The models and adapters the caller's tenant may use, with its caps."""
         tenant = await self.pipeline.tenant(request)
-        vocabularies = self.pipeline.vocabularies
-        cards = [model_card(m, tenant.capabilities(m.capabilities), self.created, vocabularies[m.name])
-                 for m in self.config.models if tenant.allows(m.name)]
+        cards = [model_card(served, tenant.capabilities(served.model.capabilities), self.created,
+                            self.pipeline.vocabularies[served.model.name])
+                 for served in self.pipeline.tenants_models(tenant)]
         return json_response({"object": "list", "data": cards})
 
     @app.get("/v1/usage")
@@ -162,7 +163,8 @@ class Ingress:
         """The tokenizer's configuration in vLLM's shape, of `?model=` or the caller's only
         model (serve_app.api.tokenize)."""
         tenant = await self.pipeline.tenant(request)
-        chosen = self.pipeline.model(model if model is not None else self.pipeline.only_model(tenant), tenant)
+        name = model if model is not None else self.pipeline.only_model(tenant)
+        chosen = self.pipeline.served(name, tenant).model
         record_of(request).model = chosen.name
         max_model_len = tenant.capabilities(chosen.capabilities).max_model_len
         return json_response(tokenize.tokenizer_info(self.pipeline.vocabularies[chosen.name], max_model_len))

@@ -20,8 +20,8 @@ from serve_app.api import admission, chat, completions
 from serve_app.api.admission import Admitted
 from serve_app.api.request_models import ChatRequest, CompletionRequest, StrictRequest, parse_request
 from serve_app.api.streaming import ChatStream, ChoiceStream, CompletionStream
-from serve_app.config import AppConfig, Capabilities, ModelConfig
-from serve_app.engine.wire import ONLINE, Caller, EngineResult
+from serve_app.config import AdapterConfig, AppConfig, Capabilities, ModelConfig, Served
+from serve_app.engine.wire import ONLINE, Adapter, Caller, EngineResult
 from serve_app.errors import APIError, invalid
 from serve_app.front.full_vocab import FullVocabResponses, check_form, record_results
 from serve_app.front.http import event_stream, json_object, json_response
@@ -67,8 +67,9 @@ ENDPOINTS = {endpoint.path: endpoint for endpoint in (COMPLETIONS, CHAT)}
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    """A request parsed for its caller: the tenant, the body, its model with the vocabulary and
-    the capabilities as this tenant has them, and what the request log will say of it."""
+    """A request parsed for its caller: the tenant, the body, its model (and the adapter it
+    names) with the vocabulary and the capabilities as this tenant has them, and what the
+    request log will say of it."""
 
     tenant: Tenant
     body: StrictRequest
@@ -77,10 +78,16 @@ class ParsedRequest:
     caps: Capabilities
     record: RequestRecord
     priority: int = ONLINE  # the engine's scheduling priority (a batch line's: BatchConfig.priority)
+    adapter: AdapterConfig | None = None
+
+    @property
+    def served_name(self) -> str:
+        """The model the answer names: the adapter, if the request is for one."""
+        return self.adapter.name if self.adapter else self.model.name
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.record.tenant, self.priority)
+        return Caller(self.record.tenant, self.priority, Adapter.of(self.adapter))
 
 
 def record_of(request: Request) -> RequestRecord:
@@ -107,15 +114,19 @@ class RequestPipeline:
             return await self.full_vocab_response(request, parsed, admitted)
         return json_response(await self.answer(parsed, admitted, endpoint))
 
-    def model(self, name: str, tenant: Tenant = UNLIMITED) -> ModelConfig:
-        """The model, if it exists and the tenant may use it: else 404, the same either way,
-        naming only the tenant's models."""
-        model = self.config.model(name)
-        if model is None or not tenant.allows(name):
-            known = ", ".join(m.name for m in self.config.models if tenant.allows(m.name)) or "none"
+    def served(self, name: str, tenant: Tenant = UNLIMITED) -> Served:
+        """The model or adapter, if it exists and the tenant may use it (an adapter: its base
+        model): else 404, the same either way, naming only the tenant's."""
+        served = self.config.served(name)
+        if served is None or not tenant.allows(served.model.name):
+            known = ", ".join(s.name for s in self.tenants_models(tenant)) or "none"
             raise APIError(404, "model_not_found", f"model {name!r} does not exist; "
                            f"this service has: {known}", "model")
-        return model
+        return served
+
+    def tenants_models(self, tenant: Tenant) -> list[Served]:
+        """The models and adapters the tenant may use."""
+        return [served for served in self.config.served_models() if tenant.allows(served.model.name)]
 
     def only_model(self, tenant: Tenant) -> str:
         """The model a request that names none is for: the tenant's only one (as vLLM's
@@ -151,14 +162,16 @@ class RequestPipeline:
                rules: FieldRules) -> ParsedRequest:
         """The body parsed strictly for its tenant, with the field rules of its model as this
         tenant has it (the model is recorded even if the rest is refused)."""
-        named = self.config.model(raw["model"]) if isinstance(raw.get("model"), str) else None
-        named = named if named and tenant.allows(named.name) else None
+        named = self.config.served(raw["model"]) if isinstance(raw.get("model"), str) else None
+        named = named if named and tenant.allows(named.model.name) else None
         if named:
             record.model = named.name
-        body = parse_request(kind, raw, rules(tenant.capabilities(named.capabilities) if named else None))
-        model = self.model(body.model, tenant)
+        caps = tenant.capabilities(named.model.capabilities) if named else None
+        body = parse_request(kind, raw, rules(caps))
+        served = self.served(body.model, tenant)
+        model = served.model
         return ParsedRequest(tenant, body, model, self.vocabularies[model.name],
-                             tenant.capabilities(model.capabilities), record)
+                             tenant.capabilities(model.capabilities), record, adapter=served.adapter)
 
     async def admit(self, parsed: ParsedRequest, endpoint: Endpoint) -> Admitted:
         """Every check, then the request's prompt tokens recorded and charged to its tenant's rate."""
@@ -172,11 +185,11 @@ class RequestPipeline:
         """The engine's results, shaped as the endpoint's JSON body."""
         results = await self.engines.generate(parsed.model.name, admitted.engine_requests)
         record_results(parsed.record, results, parsed.body.n)
-        return endpoint.answer(parsed.model.name, admitted, results, parsed.body, parsed.vocab)
+        return endpoint.answer(parsed.served_name, admitted, results, parsed.body, parsed.vocab)
 
     async def stream(self, parsed: ParsedRequest, admitted: Admitted,
                      kind: type[ChoiceStream]) -> StreamingResponse:
-        stream = kind(parsed.model.name, parsed.body, admitted.prompts, parsed.vocab)
+        stream = kind(parsed.served_name, parsed.body, admitted.prompts, parsed.vocab)
         return await event_stream(self.engines.events(parsed.model.name, admitted.engine_requests,
                                                       parsed.record, stream))
 
@@ -189,8 +202,8 @@ class RequestPipeline:
             prompts = [StreamedRows(self.engines.full_vocab_windows(parsed.model.name, r))
                        for r in admitted.engine_requests]
             await prompts[0].first()
-            return self.full_vocab.body(request, parsed.model.name, parsed.vocab, parsed.body, admitted,
-                                        prompts, release, parsed.record)
+            return self.full_vocab.body(request, parsed.model.name, parsed.served_name, parsed.vocab,
+                                        parsed.body, admitted, prompts, release, parsed.record)
         except BaseException:
             release()
             raise

@@ -19,13 +19,21 @@ from ray.serve.handle import DeploymentHandle
 from serve_app.api.streaming import ChoiceStream, event
 from serve_app.config import AppConfig, model_deployment_name
 from serve_app.engine.transient import TRANSIENT, cancel_call
-from serve_app.engine.wire import EngineRequest, EngineResult, EngineUnavailable, QueueTimeout
-from serve_app.errors import APIError, error_envelope, not_ready, overloaded
+from serve_app.engine.wire import (
+    AdapterUnavailable,
+    EngineRequest,
+    EngineResult,
+    EngineUnavailable,
+    QueueTimeout,
+)
+from serve_app.errors import APIError, error_envelope, invalid, not_ready, overloaded
 from serve_app.observe.availability import ReplicaStates
 from serve_app.observe.request_log import RequestRecord
 
 # How often a request waiting for its model checks that the model still has a replica.
 LOST_CHECK_S = 0.5
+# What a replica call may fail with that the client gets as an API error (the others: 500).
+REFUSED = (*TRANSIENT, AdapterUnavailable)
 
 logger = logging.getLogger("probserve.ingress")
 
@@ -66,7 +74,7 @@ class ReplicaClient:
         await self.check_started(model)
         try:
             return await self.watched(model, generate_all(self.replicas[model], engine_requests))
-        except TRANSIENT as error:
+        except REFUSED as error:
             raise self.refusal(error) from None
 
     async def full_vocab_windows(self, model: str,
@@ -81,7 +89,7 @@ class ReplicaClient:
             items = await self.watched(model, call._to_object_ref_gen())
             while (window := await self.next_window(model, items)) is not None:
                 yield window
-        except TRANSIENT as error:
+        except REFUSED as error:
             raise self.refusal(error) from None
         finally:
             cancel_call(call)
@@ -203,6 +211,8 @@ class ReplicaClient:
             return overloaded(message, self.retry_after_s)
         if isinstance(error, EngineUnavailable):
             return not_ready(message, self.retry_after_s)
+        if isinstance(error, AdapterUnavailable):
+            return invalid("model", message, "adapter_not_found")
         if isinstance(error, RayActorError):
             return not_ready("the model's replica was lost (its process or node died): Ray Serve "
                              f"is replacing it ({type(error).__name__})", self.retry_after_s)

@@ -1,9 +1,13 @@
 """Builds the Ray Serve application from a configuration: the import path of the Serve config
 files (`import_path: serve_app.ops.app:build_app`, with the AppConfig as `args`)."""
 
+import json
+from pathlib import Path
+
 from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 
+from serve_app.adapters import check_fits, read_adapter
 from serve_app.batch.runner import BatchRunner
 from serve_app.config import AppConfig, ModelConfig, model_deployment_name
 from serve_app.engine.replica import ModelReplica
@@ -19,19 +23,32 @@ def replica_placement(model: ModelConfig) -> dict:
     return group.serve_options() if group else {"ray_actor_options": model.ray_actor_options}
 
 
-def check_parallel_layouts(config: AppConfig) -> None:
-    """Each split model's layout against its config.json, where its folder is on this node
-    (on a cluster whose head has no models, each replica checks it before its engine starts)."""
+def check_model_folders(config: AppConfig) -> None:
+    """Each split model's layout and each configured adapter against the model's config.json,
+    where their folders are on this node (on a cluster whose head has no models, each replica
+    checks its layout before its engine starts, and vLLM an adapter when it loads it)."""
     for model in config.models:
-        if model.resolved_path().is_dir():
-            model.parallelism().check_model_folder(model.name, model.resolved_path())
+        folder = model.resolved_path()
+        if folder.is_dir():
+            model.parallelism().check_model_folder(model.name, folder)
+            check_adapters(model, folder)
+
+
+def check_adapters(model: ModelConfig, folder: Path) -> None:
+    adapters = [a for a in (model.lora.adapters if model.lora else []) if a.resolved_path().is_dir()]
+    if not adapters:
+        return
+    base_config = json.loads((folder / "config.json").read_text())
+    for adapter in adapters:
+        check_fits(read_adapter(adapter.resolved_path()), adapter.name, model.name, base_config,
+                   model.lora.max_lora_rank, model.lora.target_modules)
 
 
 def build_app(args: dict, replica: Deployment | None = None) -> Application:
     """The ingress bound to one model replica deployment per model and the serializer pool;
     `replica`: a subclass of ModelReplica to deploy in its place."""
     config = AppConfig.model_validate(args)
-    check_parallel_layouts(config)
+    check_model_folders(config)
     replica = replica or ModelReplica
     replicas = {
         model.name: replica.options(

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from serve_app.ops import local_ray, processes, supervisor
-from serve_app.store.model_store import BUILDERS, prepare
+from serve_app.store.model_store import PREPARABLE, prepare
 from serve_app.tenants import keyring
 from serve_app.tenants.keyring import KeyFile
 
@@ -28,11 +28,11 @@ def serve_config(path: Path) -> tuple[dict, dict, str]:
 def command_prepare(options: argparse.Namespace) -> None:
     from serve_app.store.home import apply_cache_environment
 
-    unknown = sorted(set(options.names) - set(BUILDERS))
+    unknown = sorted(set(options.names) - set(PREPARABLE))
     if unknown:
-        raise SystemExit(f"unknown embedded models {unknown}; choose from {sorted(BUILDERS)}")
+        raise SystemExit(f"unknown embedded models or test adapters {unknown}; choose from {PREPARABLE}")
     apply_cache_environment()
-    for name in options.names or sorted(BUILDERS):
+    for name in options.names or PREPARABLE:
         prepare(name)
 
 
@@ -173,9 +173,9 @@ def parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="the model store").add_subparsers(
         dest="action", required=True)
-    prep = models.add_parser("prepare", help="build embedded models (idempotent)")
+    prep = models.add_parser("prepare", help="build embedded models and test adapters (idempotent)")
     prep.add_argument("names", nargs="*", metavar="NAME",
-                      help=f"models to build (default: all of {', '.join(sorted(BUILDERS))})")
+                      help=f"models and adapters to build (default: all of {', '.join(PREPARABLE)})")
     prep.set_defaults(run=command_prepare)
 
     serve = commands.add_parser("serve", help="start Ray, Serve and the app on this machine, "

@@ -14,6 +14,11 @@ def models_dir() -> Path:
     return probserve_home() / "models"
 
 
+def adapters_dir() -> Path:
+    """Where the store builds its adapters: the default root adapters are loaded from."""
+    return probserve_home() / "adapters"
+
+
 def cache_environment(home: Path) -> dict[str, str]:
     """Variables that point every cache and socket the stack writes into `home`."""
     return {

@@ -7,6 +7,8 @@
   without BOS, byte-level BPE with Llama 3's BOS, SentencePiece-style BPE with byte fallback).
 - `tiny-llama-sibling`: tiny-llama's tokenizer with other random weights, so that two models
   tokenize alike and score differently (the viewer's comparison is tested on them).
+- `<tiny model>-lora-r8`, `-lora-r16`: LoRA adapters of the three tiny models
+  (serve_app.store.adapter_store), into `PROBSERVE_HOME/adapters`.
 
 Each build writes into a temporary folder and renames it into place, so a folder that exists
 is complete; a stamp records the builders' version, and preparing again is a no-op unless the
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from serve_app.store.adapter_store import ADAPTER_SEED, adapter_path, build_adapter, store_adapters
 from serve_app.store.home import models_dir
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -212,6 +215,8 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
        for name, family in TINY_FAMILIES.items()},
     TINY_SIBLING: partial(build_tiny, name=TINY_SIBLING, family=TINY_FAMILIES[TINY], seed=TINY_SEED + 1),
 }
+ADAPTERS = store_adapters(list(TINY_FAMILIES))
+PREPARABLE = sorted([*BUILDERS, *ADAPTERS])
 # Raised when a builder changes what it makes: folders built before are rebuilt.
 BUILD_VERSION = 2
 STAMP = ".probserve-build"
@@ -226,9 +231,17 @@ def is_current(folder: Path) -> bool:
     return stamp.exists() and stamp.read_text().strip() == str(BUILD_VERSION)
 
 
+def build(name: str, staging: Path) -> None:
+    if name in BUILDERS:
+        BUILDERS[name](staging)
+        return
+    adapter = ADAPTERS[name]
+    build_adapter(staging, prepare(adapter.base), adapter, ADAPTER_SEED + sorted(ADAPTERS).index(name))
+
+
 def prepare(name: str) -> Path:
-    """Builds the embedded model `name` unless it is already in the store."""
-    target = embedded_model_path(name)
+    """Builds the embedded model or test adapter `name` unless it is already in the store."""
+    target = embedded_model_path(name) if name in BUILDERS else adapter_path(name)
     if is_current(target):
         log(f"{name}: ready at {target}")
         return target
@@ -236,7 +249,7 @@ def prepare(name: str) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     started = time.monotonic()
-    BUILDERS[name](staging)
+    build(name, staging)
     (staging / STAMP).write_text(str(BUILD_VERSION))
     shutil.rmtree(target, ignore_errors=True)  # built by an older version
     staging.rename(target)

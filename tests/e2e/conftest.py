@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from serve_app.ops import local_ray
+from serve_app.store.adapter_store import ADAPTER_RANKS, adapter_name
 from serve_app.store.model_store import (
     SMOLLM2,
     TINY,
@@ -71,8 +72,19 @@ AUTOSCALING_MODEL = TINY_SENTENCEPIECE
 AUTOSCALING = {field: value for field, value in yaml.safe_load(AUTOSCALING_FILE.read_text())
                ["applications"][0]["args"]["models"][0].items()
                if field in ("autoscaling_config", "max_ongoing_requests", "max_queued_requests")}
+# Each family's model serves the store's two LoRA adapters of it, rank 8 and 16
+# (tests/e2e/test_adapters.py); at most both in one engine step.
+# The main model also serves an adapter whose folder is on no node: its replica refuses it.
+ADAPTERS = {name: [adapter_name(name, rank) for rank in ADAPTER_RANKS] for name in FAMILIES}
+MISSING_ADAPTER, MISSING_ADAPTER_PATH = f"{MODEL}-lora-gone", "/nonexistent/probserve/adapters/gone"
+SERVED_ADAPTERS = {name: [{"name": a} for a in adapters]
+                   + ([{"name": MISSING_ADAPTER, "path": MISSING_ADAPTER_PATH}] if name == MODEL else [])
+                   for name, adapters in ADAPTERS.items()}
+LORA = {name: {"max_lora_rank": 16, "max_loras": 2, "adapters": adapters}
+        for name, adapters in SERVED_ADAPTERS.items()}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
+                "lora": LORA[name],
                 "cpu_kv_cache_gib": TINY_KV_GIB,
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 "kv_block_size": KV_BLOCKS[name],

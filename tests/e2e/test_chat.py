@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import MAX_LOGPROBS, MAX_MODEL_LEN, MODEL, SPLIT_MODELS
+from tests.e2e.conftest import FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL, SERVED_ADAPTERS, SPLIT_MODELS
 from tests.e2e.reference import TOLERANCE, assert_top_texts
 from tests.e2e.sse import stream_events
 
@@ -121,7 +121,8 @@ def test_models_say_which_serve_chat(http):
     cards = {card["id"]: card["chat"] for card in http.get("/v1/models").json()["data"]}
     assert cards == {"tiny-llama": True, "tiny-llama3": True, "tiny-sentencepiece": False,
                      "tiny-llama-sibling": True, "smollm2-135m-instruct": True,
-                     **dict.fromkeys(SPLIT_MODELS, True)}  # tiny-llama's tokenizer
+                     **dict.fromkeys(SPLIT_MODELS, True),  # tiny-llama's tokenizer
+                     **{a["name"]: cards[name] for name in FAMILIES for a in SERVED_ADAPTERS[name]}}
 
 
 def test_a_model_without_a_template_says_so(http):

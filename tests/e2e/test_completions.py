@@ -5,7 +5,15 @@ import pytest
 
 from serve_app.config import Capabilities
 from serve_app.store.model_store import SMOLLM2, TINY_SIBLING
-from tests.e2e.conftest import CAPABILITIES, FAMILIES, MAX_LOGPROBS, MAX_MODEL_LEN, MODEL, SPLIT_MODELS
+from tests.e2e.conftest import (
+    CAPABILITIES,
+    FAMILIES,
+    MAX_LOGPROBS,
+    MAX_MODEL_LEN,
+    MODEL,
+    SERVED_ADAPTERS,
+    SPLIT_MODELS,
+)
 from tests.e2e.reference import TOLERANCE, assert_rank, assert_top_k, assert_top_texts
 from tests.e2e.text_pieces import assert_pieces, special_tokens
 
@@ -16,9 +24,12 @@ LONGER = "def parse(self, text):\n    return self.decoder.decode(text) if text e
 def test_models_reports_the_capabilities_validation_enforces(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    assert [card["id"] for card in body["data"]] == FAMILIES + [TINY_SIBLING, *SPLIT_MODELS, SMOLLM2]
+    adapters = {name: [adapter["name"] for adapter in SERVED_ADAPTERS[name]] for name in FAMILIES}
+    with_adapters = [served for name in FAMILIES for served in (name, *adapters[name])]
+    assert [card["id"] for card in body["data"]] == with_adapters + [TINY_SIBLING, *SPLIT_MODELS, SMOLLM2]
+    parents = {adapter: name for name in FAMILIES for adapter in adapters[name]}
     for card in body["data"][:-1]:
-        assert card["object"] == "model"
+        assert card["object"] == "model" and card["parent"] == parents.get(card["id"])
         assert card["capabilities"] == CAPABILITIES
     assert body["data"][-1]["capabilities"] == Capabilities().model_dump()  # the defaults
 

@@ -77,6 +77,8 @@ PROVOKED_BY_BURSTS = {"overloaded"}
 # Codes of batches and their files: tests/e2e/test_batch.py (tenant_removed: the unit tests).
 PROVOKED_BY_BATCHES = {"file_too_large", "invalid_file_purpose", "invalid_batch_line", "file_in_use",
                        "batch_not_cancellable", "tenant_removed"}
+# Codes of LoRA adapters: tests/e2e/test_adapters.py.
+PROVOKED_BY_ADAPTERS = {"adapter_not_found"}
 # Codes of the application with keys: tests/e2e/test_tenancy.py.
 PROVOKED_WITH_KEYS = {"missing_api_key", "invalid_api_key", "rate_limit_exceeded",
                       "rate_limit_unavailable", "usage_unavailable"}
@@ -88,7 +90,8 @@ def documented_codes() -> set[str]:
 
 def test_every_documented_code_is_tested():
     assert documented_codes() == (set(PROVOCATIONS) | NOT_PROVOKABLE_OVER_HTTP | PROVOKED_BY_BURSTS
-                                  | PROVOKED_WITH_KEYS | PROVOKED_BY_BATCHES | PROVOKED_BY_TEMPLATES)
+                                  | PROVOKED_WITH_KEYS | PROVOKED_BY_BATCHES | PROVOKED_BY_TEMPLATES
+                                  | PROVOKED_BY_ADAPTERS)
 
 
 @pytest.mark.parametrize("code", sorted(PROVOCATIONS))

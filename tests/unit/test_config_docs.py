@@ -4,6 +4,7 @@ for no other."""
 
 import pathlib
 import re
+import types
 import typing
 
 from pydantic import BaseModel
@@ -19,6 +20,9 @@ def keys(model: type[BaseModel], prefix: str = "") -> dict[str, FieldInfo]:
     found = {}
     for name, field in model.model_fields.items():
         kind, args = field.annotation, typing.get_args(field.annotation)
+        if typing.get_origin(kind) is types.UnionType and type(None) in args:  # an optional section
+            (kind,) = [arg for arg in args if arg is not type(None)]
+            args = typing.get_args(kind)
         if typing.get_origin(kind) is list and args and issubclass(args[0], BaseModel):
             found |= keys(args[0], f"{prefix}{name}[].")
         elif isinstance(kind, type) and issubclass(kind, BaseModel):
@@ -47,5 +51,6 @@ def test_the_operations_table_names_every_key_once_and_no_other():
 def test_the_walk_reaches_nested_keys():
     found = keys(AppConfig)
     assert {"models[].capabilities.max_model_len", "models[].scored_cache.top_k",
+            "models[].lora.max_loras", "models[].lora.adapters[].path",
             "ingress.max_n", "tenancy.storage", "batch.priority"} <= set(found)
-    assert "models[].capabilities" not in found
+    assert "models[].capabilities" not in found and "models[].lora" not in found

@@ -129,3 +129,38 @@ def test_a_later_stage_makes_its_input_buffer_on_first_use_and_keeps_it():
     again = GPUModelRunner.sync_and_gather_intermediate_tensors(runner, 2, None, False)
     assert runner.made == 1 and runner.intermediate_tensors is buffer
     assert torch.equal(again["hidden_states"], received["hidden_states"][:2])
+
+
+def lora_step() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three tokens of one step: one of no adapter (slot -1), then one each of the engine's two
+    adapter slots, both filled; a rank-2 LoRA's stacked A [slots, 1, rank, in] and B."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randn(3, 4, generator=generator)
+    stacked_a = torch.randn(2, 1, 2, 4, generator=generator)
+    stacked_b = torch.randn(2, 1, 5, 2, generator=generator)
+    return tokens, torch.tensor([-1, 0, 1]), stacked_a, stacked_b
+
+
+def test_a_token_of_no_adapter_takes_no_adapters_weights_in_prefill_and_decode():
+    register()
+    from vllm.lora.ops.torch_ops import sgmv_expand
+    from vllm.lora.ops.torch_ops.lora_ops import sgmv_shrink
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    tokens, slots, stacked_a, stacked_b = lora_step()
+    base = torch.randn(3, 5)
+    prefill = torch.full((3, 2), 7.0)  # the shrink's buffer, as vLLM leaves it between layers
+    sgmv_shrink(tokens, stacked_a, prefill, torch.tensor([0, 1, 2]), torch.ones(3, dtype=torch.long), slots,
+                3, 1, 3, 0.5)
+    decode = torch.full((3, 2), 7.0)
+    PunicaWrapperCPU._shrink_decode(type("Punica", (), {"token_lora_indices": slots})(), decode, tokens,
+                                    stacked_a, 0.5)
+    for buffer in (prefill, decode):
+        assert torch.equal(buffer[0], torch.zeros(2))  # the base token's: nothing of slot 1's
+        for row in (1, 2):
+            assert torch.allclose(buffer[row], 0.5 * stacked_a[slots[row], 0] @ tokens[row])
+        out = base.clone()
+        sgmv_expand(buffer, stacked_b, out, torch.tensor([0, 1, 2]), torch.ones(3, dtype=torch.long), slots,
+                    3, 1, 3, add_inputs=True)
+        assert torch.equal(out[0], base[0])  # bit for bit the base model's
+        assert not torch.equal(out[1], base[1]) and not torch.equal(out[2], base[2])

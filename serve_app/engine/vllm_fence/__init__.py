@@ -19,6 +19,7 @@ from serve_app.engine.vllm_fence.worker import (
     gather_marked_prompt_rows,
     keep_top_k_beside_labels,
     make_stage_inputs_when_first_needed,
+    no_adapter_for_tokens_of_none,
 )
 
 
@@ -29,3 +30,4 @@ def register() -> None:
     read_prefix_cache_up_to_limits()
     keep_top_k_beside_labels()
     make_stage_inputs_when_first_needed()
+    no_adapter_for_tokens_of_none()

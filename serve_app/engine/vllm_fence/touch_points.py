@@ -90,6 +90,16 @@ Split models (serve_app.parallel), in every rank's worker process:
    (vLLM's all-gather) and samples, the last stage alone computes logits, and the engine
    takes its output from that stage's first rank; the scheduler, whose item 3 is, runs once
    per engine.
+
+LoRA adapters (serve_app.adapters), in the worker processes:
+
+11. Tokens without an adapter beside tokens with one, on the CPU: vLLM's PyTorch LoRA ops
+   (PunicaWrapperCPU) index the stacked adapters with each token's adapter slot, and a token
+   of no adapter has slot -1, which PyTorch reads as the last slot: with every slot of the
+   engine's `max_loras` holding an adapter, the base model's requests in the same step were
+   computed with the last adapter (log-probabilities off by up to 4.6; vLLM's GPU kernels skip
+   slot -1). The shrink's rows of such tokens are made zero, so the expand adds nothing to
+   them and their numbers are the base model's bit for bit.
 """
 
 import importlib
@@ -125,7 +135,8 @@ class TouchPoint:
 
     @property
     def name(self) -> str:
-        return self.qualname.rsplit(".", 1)[1]
+        """The method's name in its class, or the function's in its module."""
+        return self.qualname.rsplit(".", 1)[-1]
 
 
 SERVE_ROUTER = "ray.serve._private.request_router.request_router"
@@ -209,6 +220,13 @@ TOUCH_POINTS = (
     TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sync_and_gather_intermediate_tensors",
                ("self", "num_tokens", "intermediate_tensors", "sync_self"),
                "a later pipeline stage's input buffer made on first use if no dummy run made it (item 10)"),
+    TouchPoint("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink",
+               ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling"),
+               "wrapped: rows of tokens without an adapter (slot -1) made zero (item 11); "
+               "sgmv_shrink, the prefill's, calls it"),
+    TouchPoint("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU._shrink_decode",
+               ("self", "y", "x", "w_t_all", "scale"),
+               "overridden: the decode's shrink through item 11's (it calls its own import of bgmv_shrink)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
                "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
 )

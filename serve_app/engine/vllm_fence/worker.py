@@ -2,8 +2,9 @@
 gathered to all tensor ranks, on the last pipeline stage), the model runner's (GPUModelRunner,
 V1) and its Sampler's: labels gathered at prompt positions (item 1), the full vocabulary in
 token-id order from a window's first row on (item 2), labels beside other requests' top k at
-generated positions (item 4), and a later pipeline stage's inputs where no dummy run made
-their buffer (item 10); items of serve_app.engine.vllm_fence.touch_points. register() installs them.
+generated positions (item 4), a later pipeline stage's inputs where no dummy run made their
+buffer (item 10), and no adapter's weights for tokens of none on the CPU (item 11); items of
+serve_app.engine.vllm_fence.touch_points. register() installs them.
 
 How a row's request reaches the gather: the V1 runner hands `Sampler.gather_logprobs` only the
 logprobs, a count and the target ids, and sizes its buffer from the same count. So the count
@@ -162,3 +163,19 @@ def make_stage_inputs_when_first_needed() -> None:
         return gather(self, num_tokens, intermediate_tensors, sync_self)
 
     patched("GPUModelRunner.sync_and_gather_intermediate_tensors", gather_into_a_made_buffer)
+
+
+def no_adapter_for_tokens_of_none() -> None:
+    """Tokens without a LoRA adapter (slot -1) take no adapter's weights in vLLM's PyTorch
+    LoRA ops, which read slot -1 as the last slot (item 11)."""
+    shrink = original("bgmv_shrink")
+
+    def shrink_adapters_only(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling=1.0):
+        shrink(inputs, lora_b_weights, output_tensor, lora_indices_tensor, scaling)
+        output_tensor[lora_indices_tensor < 0] = 0
+
+    def shrink_decode(self, y, x, w_t_all, scale):
+        shrink_adapters_only(x, w_t_all, y, self.token_lora_indices, scale)
+
+    patched("bgmv_shrink", shrink_adapters_only)
+    patched("PunicaWrapperCPU._shrink_decode", shrink_decode)
