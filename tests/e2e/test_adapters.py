@@ -234,21 +234,23 @@ def test_an_adapter_its_replica_cannot_load_is_refused_and_the_replica_goes_on(h
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_base_and_its_adapters_scored_at_once_each_get_their_own_rows(base_url, references, merged,
                                                                           family):
-    """Echoed prompts on the base and on each adapter sent together, so that engine steps hold
-    prompt rows of several adapters at once (vLLM's LoRA on lm_head stopped the engine here)."""
+    """Echoed prompts on the base and on each adapter sent together, three each, so that engine
+    steps hold prompt rows of several adapters and of none at once (vLLM's LoRA on lm_head
+    stopped the engine here, and its CPU ops computed the base's tokens with an adapter)."""
     models = {family: references[family], **{adapter: merged[adapter] for adapter in ADAPTERS[family]}}
-    prompts = {model: f"{TEXT} ({index})" for index, model in enumerate(models)}
+    sent = [(model, f"{TEXT} ({index}.{copy})") for index, model in enumerate(models) for copy in range(3)]
 
-    def echo(model: str) -> dict:
-        body = {"model": model, "prompt": prompts[model], "max_tokens": 1, "echo": True, "logprobs": 6}
+    def echo(model_and_prompt: tuple[str, str]) -> dict:
+        model, prompt = model_and_prompt
+        body = {"model": model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 6}
         response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
         return response.json()["choices"][0]["logprobs"]
 
-    with ThreadPoolExecutor(len(models)) as pool:
-        answers = dict(zip(models, pool.map(echo, models), strict=True))
-    for model, logprobs in answers.items():
-        ids = models[model].tokenizer(prompts[model])["input_ids"]
+    with ThreadPoolExecutor(len(sent)) as pool:
+        answers = list(pool.map(echo, sent))
+    for (model, prompt), logprobs in zip(sent, answers, strict=True):
+        ids = models[model].tokenizer(prompt)["input_ids"]
         rows = models[model].prompt_rows(ids)
         np.testing.assert_allclose(logprobs["token_logprobs"][1:len(ids)],
-                                   rows[np.arange(1, len(ids)), ids[1:]], atol=TOLERANCE)
+                                   rows[np.arange(1, len(ids)), ids[1:]], atol=TOLERANCE, err_msg=model)
