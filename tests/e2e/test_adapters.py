@@ -7,6 +7,7 @@ a scored conversation, a batch line and dataset scoring. The base, an adapter an
 again on one prompt each get their own numbers: no cache is shared between them."""
 
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -241,9 +242,13 @@ def test_the_base_and_its_adapters_scored_at_once_each_get_their_own_rows(base_u
     sent = [(model, f"{TEXT} ({index}.{copy})") for index, model in enumerate(models) for copy in range(3)]
 
     def echo(model_and_prompt: tuple[str, str]) -> dict:
+        """The answer, sent again while the model's small queue (tiny-llama3's) refuses it."""
         model, prompt = model_and_prompt
         body = {"model": model, "prompt": prompt, "max_tokens": 1, "echo": True, "logprobs": 6}
-        response = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
+        url = f"{base_url}/v1/completions"
+        while (response := httpx.post(url, json=body, timeout=120)).status_code == 503:
+            assert response.json()["error"]["code"] == "overloaded", response.text
+            time.sleep(0.1)
         assert response.status_code == 200, response.text
         return response.json()["choices"][0]["logprobs"]
 

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from serve_app.ops.app import build_app
 from serve_app.store.model_store import SMOLLM2, TINY_SIBLING, embedded_model_path
 from tests.e2e.browser import Browser
-from tests.e2e.conftest import FAMILIES, MAX_MODEL_LEN, MODEL, TINY_BOS, TINY_KV_GIB
+from tests.e2e.conftest import ADAPTERS, FAMILIES, MAX_MODEL_LEN, MODEL, TINY_BOS, TINY_KV_GIB
 from tests.e2e.reference import TOLERANCE
 
 pytestmark = pytest.mark.e2e
@@ -261,6 +261,20 @@ def test_two_models_side_by_side_coloured_by_their_difference(http, page, screen
     score(page, MODEL, text, compare=TINY_BOS)
     assert len(page.find_all("#views .view")) == 2
     assert "tokenize this text differently" in page.find("#views .note").text
+
+
+def test_an_adapter_beside_its_base_model_shows_what_the_adapter_changed(http, page):
+    adapter = ADAPTERS[MODEL][0]
+    text = "An adapter and the model it adapts read the same words."
+    score(page, MODEL, text, compare=adapter)
+    first, second = shown(page, 0), shown(page, 1)
+    assert_shown_as_answered(first, answer_of(http, scoring_body(MODEL, text)))
+    assert_shown_as_answered(second, answer_of(http, scoring_body(adapter, text)))
+    headings = [h.text for h in page.find_all("#views h2")]
+    assert headings == [MODEL, adapter, f"difference: {adapter} − {MODEL}"]
+    gaps = [b["logprob"] - a["logprob"] for a, b in zip(first, second, strict=True)
+            if a["logprob"] is not None]
+    assert max(map(abs, gaps)) > 0.05  # the adapter does change the scores
 
 
 def test_chat_messages_are_scored_as_the_template_renders_them(http, page, screenshots):
