@@ -237,16 +237,24 @@ def test_labels_get_a_bar_each_with_the_api_s_probabilities(http, page, screensh
     page.screenshot(screenshots / "viewer-labels.png")
 
 
+def compared(http, page, model: str, other: str, text: str) -> tuple[list[dict], list[float]]:
+    """`text` scored on two models side by side, each view as the API answers it and headed
+    by its model, then their difference: the first view's tokens, and other's logprob minus
+    model's at each scored position."""
+    score(page, model, text, compare=other)
+    first, second = shown(page, 0), shown(page, 1)
+    assert_shown_as_answered(first, answer_of(http, scoring_body(model, text)))
+    assert_shown_as_answered(second, answer_of(http, scoring_body(other, text)))
+    headings = [h.text for h in page.find_all("#views h2")]
+    assert headings == [model, other, f"difference: {other} − {model}"]
+    return first, [b["logprob"] - a["logprob"] for a, b in zip(first, second, strict=True)
+                   if a["logprob"] is not None]
+
+
 def test_two_models_side_by_side_coloured_by_their_difference(http, page, screenshots):
     text = "Two models read the same words and disagree about some of them."
-    score(page, MODEL, text, compare=TINY_SIBLING)
-    first, second, difference = shown(page, 0), shown(page, 1), shown(page, 2)
-    assert_shown_as_answered(first, answer_of(http, scoring_body(MODEL, text)))
-    assert_shown_as_answered(second, answer_of(http, scoring_body(TINY_SIBLING, text)))
-    headings = [h.text for h in page.find_all("#views h2")]
-    assert headings == [MODEL, TINY_SIBLING, f"difference: {TINY_SIBLING} − {MODEL}"]
-    gaps = [b["logprob"] - a["logprob"] for a, b in zip(first, second, strict=True)
-            if a["logprob"] is not None]
+    first, gaps = compared(http, page, MODEL, TINY_SIBLING, text)
+    difference = shown(page, 2)
     assert min(gaps) < -0.5 and max(gaps) > 0.5  # the two models do disagree
     for token, gap in zip([t for t in difference if t["logprob"] is not None], gaps, strict=True):
         r, _, b = (float(c) for c in token["colour"][token["colour"].index("(") + 1:-1].split(",")[:3])
@@ -264,16 +272,8 @@ def test_two_models_side_by_side_coloured_by_their_difference(http, page, screen
 
 
 def test_an_adapter_beside_its_base_model_shows_what_the_adapter_changed(http, page):
-    adapter = ADAPTERS[MODEL][0]
     text = "An adapter and the model it adapts read the same words."
-    score(page, MODEL, text, compare=adapter)
-    first, second = shown(page, 0), shown(page, 1)
-    assert_shown_as_answered(first, answer_of(http, scoring_body(MODEL, text)))
-    assert_shown_as_answered(second, answer_of(http, scoring_body(adapter, text)))
-    headings = [h.text for h in page.find_all("#views h2")]
-    assert headings == [MODEL, adapter, f"difference: {adapter} − {MODEL}"]
-    gaps = [b["logprob"] - a["logprob"] for a, b in zip(first, second, strict=True)
-            if a["logprob"] is not None]
+    _, gaps = compared(http, page, MODEL, ADAPTERS[MODEL][0], text)
     assert max(map(abs, gaps)) > 0.05  # the adapter does change the scores
 
 
