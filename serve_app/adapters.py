@@ -66,13 +66,14 @@ def check_fits(adapter: AdapterFiles, name: str, base_name: str, base_config: di
                              f"model {base_name!r} serves adapters up to max_lora_rank {max_rank}")
     projections, layers = projection_shapes(base_config), base_config["num_hidden_layers"]
     for module, side, shape in adapter.matrices:
-        if module.rsplit(".", 1)[-1] not in target_modules:
+        projection = module.rsplit(".", 1)[-1]
+        if projection not in target_modules:
             raise mismatch(name, base_name, f"it changes {module}, and the model serves LoRA on "
                            f"{', '.join(target_modules)} only (lora.target_modules)")
         layer = LAYER.search(module)
         if layer and int(layer["layer"]) >= layers:
             raise mismatch(name, base_name, f"{module} is past its last layer (it has {layers})")
-        expected = expected_shape(module, side, adapter.rank, projections)
+        expected = expected_shape(projection, side, adapter.rank, projections)
         if expected is not None and shape != expected:
             raise mismatch(name, base_name, f"{module} lora_{side} is {shape}, the model's takes {expected}")
 
@@ -81,11 +82,11 @@ def mismatch(name: str, base_name: str, what: str) -> AdapterProblem:
     return AdapterProblem("adapter_mismatch", f"adapter {name!r} does not fit model {base_name!r}: {what}")
 
 
-def expected_shape(module: str, side: str, rank: int,
+def expected_shape(projection: str, side: str, rank: int,
                    projections: dict[str, tuple[int, int]]) -> list[int] | None:
     """A matrix's shape on the base model, lora_A [rank, in] and lora_B [out, rank]; None for
     a module this check does not know (vLLM checks it when it loads the adapter)."""
-    features = projections.get(module.rsplit(".", 1)[-1])
+    features = projections.get(projection)
     if features is None:
         return None
     features_in, features_out = features

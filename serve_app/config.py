@@ -15,7 +15,7 @@ from serve_app.parallel import Parallelism, Placement, check_backend, executor_b
 from serve_app.store.adapter_store import TARGET_MODULES, adapter_path
 from serve_app.store.home import probserve_home
 from serve_app.store.model_store import ADAPTERS, BUILDERS, embedded_model_path
-from serve_app.vllm_constants import MAX_LOGPROB_TOKEN_IDS
+from serve_app.vllm_constants import LORA_RANKS, MAX_LOGPROB_TOKEN_IDS
 
 
 def checked_autoscaling(value: dict[str, Any]) -> dict[str, Any]:
@@ -89,12 +89,11 @@ class ScoredCacheConfig(Strict):
 
 
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
-# vLLM's choices of max_lora_rank (vllm.config.lora.MaxLoRARanks).
-LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+LoraRank = Literal[LORA_RANKS]
 
 
 class AdapterConfig(Strict):
-    """A LoRA adapter of a model, served as a model of its own (docs/api.md "Adapters")."""
+    """A LoRA adapter of a model, served as a model of its own (docs/api.md "LoRA adapters")."""
 
     name: str = Field(pattern=SERVED_NAME, description="the id clients send as `model`")
     path: str | None = Field(None, description="its folder (PEFT's adapter_config.json and "

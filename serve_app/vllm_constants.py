@@ -8,3 +8,5 @@ SAMPLING_EPS = 1e-5
 NEG_INF_LOGPROB = -9999.0
 # vLLM's sampler reserves this many label columns per request (MAX_LOGPROB_TOKEN_IDS).
 MAX_LOGPROB_TOKEN_IDS = 128
+# The max_lora_rank values vLLM accepts (vllm.config.lora.MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -20,7 +20,7 @@ from serve_app.api import admission, chat, completions
 from serve_app.api.admission import Admitted
 from serve_app.api.request_models import ChatRequest, CompletionRequest, StrictRequest, parse_request
 from serve_app.api.streaming import ChatStream, ChoiceStream, CompletionStream
-from serve_app.config import AdapterConfig, AppConfig, Capabilities, ModelConfig, Served
+from serve_app.config import AppConfig, Capabilities, ModelConfig, Served
 from serve_app.engine.wire import ONLINE, Adapter, Caller, EngineResult
 from serve_app.errors import APIError, invalid
 from serve_app.front.full_vocab import FullVocabResponses, check_form, record_results
@@ -73,21 +73,19 @@ class ParsedRequest:
 
     tenant: Tenant
     body: StrictRequest
-    model: ModelConfig
+    served: Served  # what the answer names; its model's replicas compute it
     vocab: Vocabulary
     caps: Capabilities
     record: RequestRecord
     priority: int = ONLINE  # the engine's scheduling priority (a batch line's: BatchConfig.priority)
-    adapter: AdapterConfig | None = None
 
     @property
-    def served_name(self) -> str:
-        """The model the answer names: the adapter, if the request is for one."""
-        return self.adapter.name if self.adapter else self.model.name
+    def model(self) -> ModelConfig:
+        return self.served.model
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.record.tenant, self.priority, Adapter.of(self.adapter))
+        return Caller(self.record.tenant, self.priority, Adapter.of(self.served.adapter))
 
 
 def record_of(request: Request) -> RequestRecord:
@@ -169,9 +167,8 @@ class RequestPipeline:
         caps = tenant.capabilities(named.model.capabilities) if named else None
         body = parse_request(kind, raw, rules(caps))
         served = self.served(body.model, tenant)
-        model = served.model
-        return ParsedRequest(tenant, body, model, self.vocabularies[model.name],
-                             tenant.capabilities(model.capabilities), record, adapter=served.adapter)
+        return ParsedRequest(tenant, body, served, self.vocabularies[served.model.name],
+                             tenant.capabilities(served.model.capabilities), record)
 
     async def admit(self, parsed: ParsedRequest, endpoint: Endpoint) -> Admitted:
         """Every check, then the request's prompt tokens recorded and charged to its tenant's rate."""
@@ -185,11 +182,11 @@ class RequestPipeline:
         """The engine's results, shaped as the endpoint's JSON body."""
         results = await self.engines.generate(parsed.model.name, admitted.engine_requests)
         record_results(parsed.record, results, parsed.body.n)
-        return endpoint.answer(parsed.served_name, admitted, results, parsed.body, parsed.vocab)
+        return endpoint.answer(parsed.served.name, admitted, results, parsed.body, parsed.vocab)
 
     async def stream(self, parsed: ParsedRequest, admitted: Admitted,
                      kind: type[ChoiceStream]) -> StreamingResponse:
-        stream = kind(parsed.served_name, parsed.body, admitted.prompts, parsed.vocab)
+        stream = kind(parsed.served.name, parsed.body, admitted.prompts, parsed.vocab)
         return await event_stream(self.engines.events(parsed.model.name, admitted.engine_requests,
                                                       parsed.record, stream))
 
@@ -202,7 +199,7 @@ class RequestPipeline:
             prompts = [StreamedRows(self.engines.full_vocab_windows(parsed.model.name, r))
                        for r in admitted.engine_requests]
             await prompts[0].first()
-            return self.full_vocab.body(request, parsed.model.name, parsed.served_name, parsed.vocab,
+            return self.full_vocab.body(request, parsed.model.name, parsed.served.name, parsed.vocab,
                                         parsed.body, admitted, prompts, release, parsed.record)
         except BaseException:
             release()

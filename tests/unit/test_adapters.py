@@ -3,13 +3,14 @@ adapters in PEFT's layout; the engine asked for each adapter by a number of its 
 
 import asyncio
 import json
+import typing
 
 import pytest
 from safetensors import safe_open
 
 from serve_app.adapters import AdapterProblem, check_fits, read_adapter
 from serve_app.api.model_list import model_card
-from serve_app.config import AppConfig, ModelConfig
+from serve_app.config import AppConfig, LoraRank, ModelConfig
 from serve_app.engine.replica import ModelReplica
 from serve_app.engine.vllm_adapter import engine_args
 from serve_app.engine.wire import Adapter, AdapterUnavailable, EngineRequest
@@ -20,6 +21,7 @@ from serve_app.store.adapter_store import (
     projection_shapes,
     store_adapters,
 )
+from serve_app.vllm_constants import LORA_RANKS
 from tests.unit.fakes import char_vocabulary
 
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
@@ -44,6 +46,12 @@ def test_an_adapter_needs_a_name_of_its_own_and_a_path_unless_the_store_builds_i
         app(adapters=[{"name": "tiny-llama3", "path": "/data/x"}])
     with pytest.raises(ValueError, match="adapter 'mine' needs a path"):
         app(adapters=[{"name": "mine"}])
+
+
+def test_the_ranks_are_vllms():
+    from vllm.config.lora import MaxLoRARanks
+
+    assert typing.get_args(MaxLoRARanks) == LORA_RANKS == typing.get_args(LoraRank)
 
 
 def test_the_bounds_are_vllms():
