@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(BUILD)-$(shell cat pyproject.toml Makefile scripts/install.sh | cksum | cut -d' ' -f1)
 CONFIG ?= deployments/local.yaml
 TINY_MODELS := tiny-llama tiny-llama3 tiny-sentencepiece
-# The tiny models, their LoRA adapters (rank 8 and 16), and the embedded model.
+# The tiny models and the embedded model, and their LoRA adapters (rank 8 and 16).
 TEST_MODELS := $(TINY_MODELS) tiny-llama-sibling smollm2-135m-instruct \
-  $(foreach model,$(TINY_MODELS),$(model)-lora-r8 $(model)-lora-r16)
+  $(foreach model,$(TINY_MODELS) smollm2-135m-instruct,$(model)-lora-r8 $(model)-lora-r16)
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: venv serve test unit screenshots prepare clean servers gpu-smoke

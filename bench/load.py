@@ -236,11 +236,13 @@ def run_ray_serve_llm(plan, rate, time_limit) -> dict:
 @contextmanager
 def probserve_serving(config: Path, sections: dict | None = None) -> Iterator[str]:
     """probserve on `config` and the embedded SmolLM2, in this process's own Ray: its URL,
-    stopped after. `sections`: settings that replace those of the file's sections."""
+    stopped after. `sections`: settings that replace those of the file's sections (a section's
+    keys; a list, such as `models`, whole)."""
     apply_cache_environment()
     prepare(SMOLLM2)
     args, _, _ = cli.serve_config(config)
-    args = {**args, **{name: {**args.get(name, {}), **value} for name, value in (sections or {}).items()}}
+    args = {**args, **{name: {**args.get(name, {}), **value} if isinstance(value, dict) else value
+                       for name, value in (sections or {}).items()}}
     url = local_ray.start(args, port=PORT, log_to_driver=False)
     try:
         yield url

@@ -19,17 +19,18 @@ TUNED = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 RAY_SERVE_LLM_APP = "ray-serve-llm"
 
 
-def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True) -> subprocess.Popen:
+def vllm_server(port: int, kv_cache_gib: int = 2, tuned: bool = True,
+                extra: tuple[str, ...] = ()) -> subprocess.Popen:
     """vLLM's OpenAI server on the embedded SmolLM2, float32.
 
     tuned: with the settings probserve's engine uses (both cores for inference, eager mode);
     otherwise as a new user starts it, with vLLM's defaults (on this 2-core machine it keeps
-    one core from inference and compiles the model)."""
+    one core from inference and compiles the model). extra: more of its arguments."""
     env = {**os.environ, **AS_SHIPPED, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(embedded_model_path(SMOLLM2)), "--served-model-name", SMOLLM2,
                "--dtype", "float32", "--max-logprobs", "-1", "--max-model-len", "2048",
-               "--port", str(port)]
+               "--port", str(port), *extra]
     if tuned:
         env.update(TUNED)
         command.append("--enforce-eager")

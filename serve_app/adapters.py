@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from serve_app.config import ModelConfig
 from serve_app.store.adapter_store import projection_shapes
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
@@ -54,6 +55,14 @@ def read_adapter(folder: Path) -> AdapterFiles:
     if not matrices:
         raise AdapterProblem("adapter_not_found", f"{folder.name!r}: {WEIGHTS_FILE} holds no LoRA matrices")
     return AdapterFiles(config["r"], matrices)
+
+
+def check_adapter(folder: Path, name: str, model: ModelConfig) -> None:
+    """The adapter in `folder` against `model` as it serves LoRA (its config.json read from its
+    folder); AdapterProblem where it does not fit."""
+    base_config = json.loads((model.resolved_path() / "config.json").read_text())
+    check_fits(read_adapter(folder), name, model.name, base_config, model.lora.max_lora_rank,
+               model.lora.target_modules)
 
 
 def check_fits(adapter: AdapterFiles, name: str, base_name: str, base_config: dict, max_rank: int,

@@ -5,6 +5,7 @@ ingress enforces them.
 """
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,7 +14,7 @@ from ray.serve.config import AutoscalingConfig
 
 from serve_app.parallel import Parallelism, Placement, check_backend, executor_backend, placement
 from serve_app.store.adapter_store import TARGET_MODULES, adapter_path
-from serve_app.store.home import probserve_home
+from serve_app.store.home import adapters_dir, probserve_home
 from serve_app.store.model_store import ADAPTERS, BUILDERS, embedded_model_path
 from serve_app.vllm_constants import LORA_RANKS, MAX_LOGPROB_TOKEN_IDS
 
@@ -135,6 +136,10 @@ class LoraConfig(Strict):
             raise ValueError("lora.target_modules: probserve serves no LoRA on lm_head (vLLM "
                              "stops when two requests' prompt rows go through one)")
         return self
+
+    def held(self) -> int:
+        """Adapters a replica holds loaded."""
+        return self.max_cpu_loras or self.max_loras
 
     @model_validator(mode="after")
     def holds_a_step(self) -> "LoraConfig":
@@ -351,8 +356,12 @@ class TenancyConfig(Strict):
     reload_s: float = Field(5, gt=0, description="how often the key file is checked for "
                             "changes (keys added or revoked without a restart)")
     storage: str = Field("memory://", pattern=r"^(memory://|redis://\S+)$",
-                         description="where request and token rates (and usage) are counted: "
-                         "memory:// for one ingress replica, redis://host:port/db across all")
+                         description="where request and token rates, usage and the adapters "
+                         "loaded at run time are kept: memory:// for one ingress replica, "
+                         "redis://host:port/db across all")
+    adapter_roots: list[str] = Field(
+        [], description="the folders (and their subfolders) POST /v1/load_lora_adapter may load "
+        "adapters from, which every model replica's node sees; empty: PROBSERVE_HOME/adapters")
     on_storage_failure: Literal["open", "closed"] = Field(
         "closed", description="when that storage cannot be reached: open serves uncounted, "
         "closed answers 503 `rate_limit_unavailable`; either way it is logged")
@@ -365,13 +374,20 @@ class TenancyConfig(Strict):
             raise ValueError("tenancy.key_file and tenancy.secret_file go together")
         return self
 
+    def resolved_adapter_roots(self) -> list[Path]:
+        return [Path(root).expanduser() for root in self.adapter_roots] or [adapters_dir()]
+
 
 @dataclass(frozen=True)
 class Served:
-    """What a request's `model` names: a model, or an adapter on one."""
+    """What a request's `model` names: a model, or an adapter on one: configured, or loaded at
+    run time by a tenant (its owner), each load a revision of its own."""
 
     model: ModelConfig
     adapter: AdapterConfig | None = None
+    owner: str | None = None
+    revision: str = ""
+    created: int | None = None  # a loaded adapter's load time
 
     @property
     def name(self) -> str:
@@ -423,5 +439,9 @@ class AppConfig(Strict):
         return [served for model in self.models for served in
                 (Served(model), *(Served(model, a) for a in (model.lora.adapters if model.lora else [])))]
 
+    @cached_property
+    def served_by_name(self) -> dict[str, Served]:
+        return {served.name: served for served in self.served_models()}
+
     def served(self, name: str) -> Served | None:
-        return next((served for served in self.served_models() if served.name == name), None)
+        return self.served_by_name.get(name)

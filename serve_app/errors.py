@@ -8,6 +8,7 @@ ERROR_TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    409: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from serve_app.config import SERVED_NAME
 from serve_app.errors import APIError, invalid
 
 MAX_SEED = 2**63 - 1
@@ -158,6 +159,21 @@ class DetokenizeRequest(StrictRequest):
     tokens: list[Annotated[int, Field(ge=0)]]
 
 
+class LoadAdapterRequest(StrictRequest):
+    """vLLM's POST /v1/load_lora_adapter, with the base model named where several serve LoRA."""
+
+    lora_name: Annotated[str, Field(pattern=SERVED_NAME, max_length=128)]
+    lora_path: Annotated[str, Field(min_length=1, max_length=4096)]
+    base_model: str | None = None
+    load_inplace: bool = False  # replace the caller's own adapter of that name
+
+
+class UnloadAdapterRequest(StrictRequest):
+    """vLLM's POST /v1/unload_lora_adapter."""
+
+    lora_name: str
+
+
 BATCH_ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 MetadataKey = Annotated[str, Field(max_length=64)]
 MetadataValue = Annotated[str, Field(max_length=512)]
@@ -239,6 +255,16 @@ DETOKENIZE_RULES = {
     "model": "a string naming a model from GET /v1/models",
     "tokens": "a list of token ids",
 }
+LOAD_ADAPTER_RULES = {
+    "lora_name": "the adapter's new model id: up to 128 letters, digits and . _ : - "
+                 "(not starting with a punctuation mark)",
+    "lora_path": "the adapter's folder (PEFT's adapter_config.json and "
+                 "adapter_model.safetensors) under one of the service's adapter roots",
+    "base_model": "the model the adapter is for, from GET /v1/models (needed where several "
+                  "models serve adapters)",
+    "load_inplace": "a boolean: true replaces your adapter of that name",
+}
+UNLOAD_ADAPTER_RULES = {"lora_name": "the name of an adapter you loaded"}
 BATCH_RULES = {
     "input_file_id": "the id of a file uploaded with purpose batch",
     "endpoint": " or ".join(BATCH_ENDPOINTS),

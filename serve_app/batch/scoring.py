@@ -26,7 +26,7 @@ from serve_app.batch import dataset
 from serve_app.batch.dataset import PartColumns, ScoreOptions, Shard
 from serve_app.config import AppConfig, model_deployment_name
 from serve_app.engine.transient import TRANSIENT
-from serve_app.engine.wire import Adapter, EngineRequest, EngineResult
+from serve_app.engine.wire import Adapter, EngineRequest, EngineResult, routed
 from serve_app.errors import APIError, invalid
 from serve_app.store.home import keep_ray_token_at_home, probserve_home
 from serve_app.text.vocabulary import Vocabulary
@@ -63,9 +63,11 @@ class ShardScorer:
         self.input_fs, _ = pafs.FileSystem.from_uri(input_uri)
         self.output_fs, self.output = pafs.FileSystem.from_uri(output_uri)
         self.options, self.in_flight = options, in_flight
-        config: AppConfig = serve.get_deployment_handle("Ingress", app_name).app_config.remote().result()
-        served = config.served(options.model)  # a model, or an adapter on one
-        self.model, self.adapter = served.model, Adapter.of(served.adapter)
+        ingress = serve.get_deployment_handle("Ingress", app_name)
+        config: AppConfig = ingress.app_config.remote().result()
+        # A model, or an adapter on one: configured, or loaded by the run's tenant.
+        served = ingress.served_to.remote(options.tenant, options.model).result()
+        self.model, self.adapter = served.model, Adapter.of(served)
         self.priority = config.batch.priority  # background work, as a batch's lines
         self.ingress = config.ingress
         self.vocab = Vocabulary.load(self.model.resolved_path())
@@ -120,11 +122,12 @@ class ShardScorer:
             return error
 
     def result(self, request: EngineRequest) -> EngineResult:
+        replica = routed(self.replica, request)
         if not self.options.full_vocab:
-            return self.replica.options(_by_reference=False).generate.remote(request).result()
+            return replica.options(_by_reference=False).generate.remote(request).result()
         # The replica's stream: each window's result, then its rows' chunks.
         windows, chunks = [], []
-        for item in self.replica.options(stream=True).generate_full_vocab.remote(request):
+        for item in replica.options(stream=True).generate_full_vocab.remote(request):
             if isinstance(item, EngineResult):
                 windows.append(item)
             else:
@@ -183,6 +186,7 @@ def score_dataset(input_uri: str, output_uri: str, options: ScoreOptions, *, add
     this process when Ray runs here already; else `auto`)."""
     import ray
     import ray.data
+    from ray import serve
     from tqdm import tqdm
 
     options.check()
@@ -198,6 +202,8 @@ def score_dataset(input_uri: str, output_uri: str, options: ScoreOptions, *, add
     if not ray.is_initialized():
         keep_ray_token_at_home(probserve_home())  # the token `probserve serve` made
         ray.init(address=address or "auto", configure_logging=False, log_to_driver=False)
+    # What --model names, before any work: refused as the run's requests would be.
+    serve.get_deployment_handle("Ingress", app_name).served_to.remote(options.tenant, options.model).result()
     counts = {"documents": 0, "refused": 0, "tokens": 0}
     bar = tqdm(total=sum(s.rows for s in todo), unit="doc", disable=not progress,
                desc=f"scoring with {options.model}")

@@ -16,13 +16,13 @@ from ray import serve
 
 from serve_app.config import ModelConfig
 from serve_app.engine.background import BackgroundShare
+from serve_app.engine.engine_adapters import EngineAdapters
 from serve_app.engine.scored_cache import ScoredPrefixCache
 from serve_app.engine.shared_prefix import InFlightPrefixes
 from serve_app.engine.vllm_adapter import (
     engine_config,
     engine_result,
     engine_stats,
-    lora_request,
     prepare_process,
     sampling_params,
 )
@@ -32,8 +32,6 @@ from serve_app.engine.vllm_fence.replica_start import check_runner, self_check
 from serve_app.engine.windows import joined_windows, next_window, prompt_windows
 from serve_app.engine.wire import (
     REPLICA_ITSELF,
-    Adapter,
-    AdapterUnavailable,
     EngineRequest,
     EngineResult,
     EngineUnavailable,
@@ -91,7 +89,7 @@ class ModelReplica:
         self.window = max(model.full_vocab_window // block, 1) * block
         self.background_window = max(model.background_window // block, 1) * block
         self.prefixes = InFlightPrefixes(block)
-        self.adapter_ids: dict[Adapter, int] = {}
+        self.adapters = EngineAdapters(self.engine, model.name, model.lora.held() if model.lora else 1)
         self.background = BackgroundShare(model.max_background_in_engine,
                                           model.max_background_in_engine_quiet or model.max_ongoing_requests,
                                           model.background_quiet_s)
@@ -117,7 +115,7 @@ class ModelReplica:
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids,
                               cache_salt=self.cache_namespace(request))
         final, generated = None, 0
-        adapter = await self.loaded(request.adapter)
+        adapter = await self.adapters.request(request.adapter)
         try:
             async with self.background.turn(request):
                 async for output in self.engine.generate(prompt, sampling_params(request, stream),
@@ -129,34 +127,8 @@ class ModelReplica:
         except EngineDeadError as error:
             raise EngineUnavailable(f"model {self.model.name!r}: its engine stopped ({error}); "
                                     "a new replica is being started") from None
-        self.metrics.served(engine_stats(final, generated))
-
-    def lora_request(self, adapter: Adapter):
-        """vLLM's request for the adapter, numbered in the order this replica first saw each
-        (never a number another adapter had)."""
-        if adapter not in self.adapter_ids:
-            self.adapter_ids[adapter] = max(self.adapter_ids.values(), default=0) + 1
-        return lora_request(adapter, self.adapter_ids[adapter])
-
-    async def loaded(self, adapter: Adapter | None):
-        """vLLM's request for the adapter, loaded into the engine on first use: an adapter
-        vLLM cannot load is refused here (AdapterUnavailable), where loading it in an engine
-        step would stop the engine."""
-        if adapter is None:
-            return None
-        first = adapter not in self.adapter_ids
-        request = self.lora_request(adapter)
-        if first:
-            try:
-                await self.engine.add_lora(request)
-            except Exception as error:
-                del self.adapter_ids[adapter]
-                # vLLM's reason names the folder, which only the log may show.
-                logger.error("model %s: adapter %s not loaded: %s", self.model.name, adapter.name, error)
-                raise AdapterUnavailable(f"model {self.model.name!r} could not load adapter "
-                                         f"{adapter.name!r}: its folder is missing on this replica's "
-                                         "node or holds no readable LoRA adapter") from None
-        return request
+        adapter = request.adapter.name if request.adapter else ""
+        self.metrics.served(engine_stats(final, generated), adapter)
 
     def cache_namespace(self, request: EngineRequest) -> str:
         """Whose prefix caches the request reads and fills (vLLM's KV cache salted with it, the
@@ -164,7 +136,7 @@ class ModelReplica:
         adapter's: the same tokens under another adapter have other rows."""
         owner = SHARED_CACHES if self.model.shared_prefix_caches else f"tenant:{request.tenant}"
         adapter = request.adapter
-        return f"{owner}|adapter:{adapter.name}:{adapter.path}" if adapter else owner
+        return f"{owner}|adapter:{adapter.key}" if adapter else owner
 
     def uses_scored_cache(self, request: EngineRequest) -> bool:
         return self.scored is not None and self.scored.eligible(request)

@@ -6,11 +6,12 @@ there (prompt or sampled) with its true rank, followed by the top-k in rank orde
 labels a request named (`logprob_token_ids`) in its order.
 """
 
+import hashlib
 from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from serve_app.config import AdapterConfig
+from serve_app.config import Served
 
 
 def token_array(token_ids) -> np.ndarray:
@@ -42,14 +43,29 @@ class QueueTimeout(Exception):
 
 @dataclass(frozen=True)
 class Adapter:
-    """A LoRA adapter a request is computed with: its served name and its folder."""
+    """A LoRA adapter a request is computed with: its served name, its folder, and the load
+    it is of (an adapter loaded at run time: serve_app.tenants.adapter_registry)."""
 
     name: str
     path: str
+    revision: str = ""
 
     @classmethod
-    def of(cls, adapter: AdapterConfig | None) -> "Adapter | None":
-        return adapter and cls(adapter.name, str(adapter.resolved_path()))
+    def of(cls, served: Served) -> "Adapter | None":
+        adapter = served.adapter
+        return adapter and cls(adapter.name, str(adapter.resolved_path()), served.revision)
+
+    @property
+    def key(self) -> str:
+        """What tells this adapter from any other a replica may hold, which Serve routes by
+        (and shows in its own metrics: the folder only hashed)."""
+        return f"{self.name}#{self.revision}#{hashlib.sha256(self.path.encode()).hexdigest()[:12]}"
+
+
+def routed(replica, request: "EngineRequest"):
+    """A model's deployment handle for the request: Serve's router, told its adapter's key,
+    sends it preferably to a replica that holds the adapter (serve_app.engine.engine_adapters)."""
+    return replica.options(multiplexed_model_id=request.adapter.key) if request.adapter else replica
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,8 @@ class BatchAPI:
                         body: dict) -> dict:
         """A line's answer as online, at the batch's priority."""
         tenant = await self.pipeline.access.admit_named(tenant_name, record)
-        parsed = self.pipeline.parsed(tenant, record, body, endpoint.request, self.pipeline.rules(endpoint))
+        rules = self.pipeline.rules(endpoint)
+        parsed = await self.pipeline.parsed(tenant, record, body, endpoint.request, rules)
         fits_a_batch(parsed.body)
         parsed = dataclasses.replace(parsed, priority=self.config.priority)
         return await self.pipeline.answer(parsed, await self.pipeline.admit(parsed, endpoint), endpoint)

@@ -15,10 +15,20 @@ from ray.serve.handle import DeploymentHandle
 from serve_app.api import tokenize
 from serve_app.api.model_list import model_card
 from serve_app.api.openapi import install_openapi
-from serve_app.api.request_models import DETOKENIZE_RULES, TOKENIZE_RULES, DetokenizeRequest, TokenizeRequest
-from serve_app.config import AppConfig
+from serve_app.api.request_models import (
+    DETOKENIZE_RULES,
+    LOAD_ADAPTER_RULES,
+    TOKENIZE_RULES,
+    UNLOAD_ADAPTER_RULES,
+    DetokenizeRequest,
+    LoadAdapterRequest,
+    TokenizeRequest,
+    UnloadAdapterRequest,
+)
+from serve_app.config import AppConfig, Served
 from serve_app.errors import not_ready
 from serve_app.front.batch_api import BatchAPI
+from serve_app.front.catalog import Catalog
 from serve_app.front.full_vocab import FullVocabResponses
 from serve_app.front.http import install_error_handlers, json_response
 from serve_app.front.pipeline import CHAT, COMPLETIONS, RequestPipeline, record_of
@@ -28,6 +38,7 @@ from serve_app.observe.availability import ReplicaStates, running_replicas, serv
 from serve_app.observe.metrics import RequestObserver
 from serve_app.observe.request_log import ObservedRequests
 from serve_app.tenants.access import Access
+from serve_app.tenants.keyring import ANONYMOUS, UNLIMITED, Tenant
 from serve_app.tenants.usage import usage_body
 
 # No /docs or /redoc: their pages load scripts from a CDN, which clusters often cannot reach;
@@ -52,7 +63,9 @@ class Ingress:
         states = ReplicaStates(lambda: running_replicas(serve_details(), app_name))
         self.engines = ReplicaClient(config, replicas, states)
         access = Access(config.tenancy, config.ingress.retry_after_s)
-        self.pipeline = RequestPipeline(config, access, self.engines, FullVocabResponses(config, serializers))
+        self.catalog = Catalog(config, config.ingress.retry_after_s)
+        self.pipeline = RequestPipeline(config, access, self.catalog, self.engines,
+                                        FullVocabResponses(config, serializers))
         self.viewer = ViewerFiles(config.ingress.ui)
         self.batch = BatchAPI(config.batch, self.pipeline, OBSERVER, batch_runner)
 
@@ -67,7 +80,7 @@ class Ingress:
         """Readiness of every model, or of one (`?model=`): 200 when ready, else 503
         `not_ready` naming the models that are not, with each model's state."""
         names = ([m.name for m in self.config.models] if model is None
-                 else [self.pipeline.served(model).model.name])
+                 else [(await self.catalog.served(model, ANONYMOUS, UNLIMITED)).model.name])
         states = dict(zip(names, await asyncio.gather(*map(self.engines.readiness, names)), strict=True))
         shown = {name: state.text() for name, state in states.items()}
         down = ", ".join(name for name, state in states.items() if not state.serving)
@@ -95,10 +108,27 @@ class Ingress:
     async def models(self, request: Request) -> Response:
         """The models and adapters the caller's tenant may use, with its caps."""
         tenant = await self.pipeline.tenant(request)
-        cards = [model_card(served, tenant.capabilities(served.model.capabilities), self.created,
-                            self.pipeline.vocabularies[served.model.name])
-                 for served in self.pipeline.tenants_models(tenant)]
-        return json_response({"object": "list", "data": cards})
+        listed = await self.catalog.listed(record_of(request).tenant, tenant)
+        return json_response({"object": "list", "data": [self.card(s, tenant) for s in listed]})
+
+    def card(self, served: Served, tenant: Tenant) -> dict:
+        return model_card(served, tenant.capabilities(served.model.capabilities),
+                          served.created or self.created, self.pipeline.vocabularies[served.model.name])
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(self, request: Request) -> Response:
+        """vLLM's: a LoRA adapter of the caller's tenant, served as a model (serve_app.front.catalog)."""
+        tenant, body = await self.pipeline.parse_plain(request, LoadAdapterRequest, LOAD_ADAPTER_RULES)
+        served = await self.catalog.load(record_of(request).tenant, tenant, body)
+        record_of(request).model = served.name
+        return json_response(self.card(served, tenant))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(self, request: Request) -> Response:
+        tenant, body = await self.pipeline.parse_plain(request, UnloadAdapterRequest, UNLOAD_ADAPTER_RULES)
+        record_of(request).model = body.lora_name
+        await self.catalog.unload(record_of(request).tenant, tenant, body)
+        return json_response({"id": body.lora_name, "object": "model", "deleted": True})
 
     @app.get("/v1/usage")
     async def usage(self, request: Request) -> Response:
@@ -121,6 +151,11 @@ class Ingress:
     def app_config(self) -> AppConfig:
         """The configuration this ingress runs (dataset scoring admits documents by it)."""
         return self.config
+
+    async def served_to(self, tenant_name: str, name: str) -> Served:
+        """What `name` is for a tenant (dataset scoring's run): a model or adapter, configured
+        or loaded; 404 as for its requests."""
+        return await self.catalog.served(name, tenant_name, UNLIMITED)
 
     @app.post("/v1/files")
     async def upload_file(self, request: Request) -> Response:
@@ -164,7 +199,7 @@ class Ingress:
         model (serve_app.api.tokenize)."""
         tenant = await self.pipeline.tenant(request)
         name = model if model is not None else self.pipeline.only_model(tenant)
-        chosen = self.pipeline.served(name, tenant).model
+        chosen = (await self.catalog.served(name, record_of(request).tenant, tenant)).model
         record_of(request).model = chosen.name
         max_model_len = tenant.capabilities(chosen.capabilities).max_model_len
         return json_response(tokenize.tokenizer_info(self.pipeline.vocabularies[chosen.name], max_model_len))

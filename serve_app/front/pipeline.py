@@ -22,7 +22,8 @@ from serve_app.api.request_models import ChatRequest, CompletionRequest, StrictR
 from serve_app.api.streaming import ChatStream, ChoiceStream, CompletionStream
 from serve_app.config import AppConfig, Capabilities, ModelConfig, Served
 from serve_app.engine.wire import ONLINE, Adapter, Caller, EngineResult
-from serve_app.errors import APIError, invalid
+from serve_app.errors import invalid
+from serve_app.front.catalog import Catalog
 from serve_app.front.full_vocab import FullVocabResponses, check_form, record_results
 from serve_app.front.http import event_stream, json_object, json_response
 from serve_app.front.replica_client import ReplicaClient
@@ -30,7 +31,7 @@ from serve_app.fullvocab.streamed import StreamedRows
 from serve_app.gate import once
 from serve_app.observe.request_log import RequestRecord
 from serve_app.tenants.access import Access
-from serve_app.tenants.keyring import UNLIMITED, Tenant
+from serve_app.tenants.keyring import Tenant
 from serve_app.text.vocabulary import Vocabulary
 
 FieldRules = Callable[[Capabilities | None], dict[str, str]]
@@ -85,7 +86,7 @@ class ParsedRequest:
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.record.tenant, self.priority, Adapter.of(self.served.adapter))
+        return Caller(self.record.tenant, self.priority, Adapter.of(self.served))
 
 
 def record_of(request: Request) -> RequestRecord:
@@ -94,9 +95,10 @@ def record_of(request: Request) -> RequestRecord:
 
 
 class RequestPipeline:
-    def __init__(self, config: AppConfig, access: Access, engines: ReplicaClient,
+    def __init__(self, config: AppConfig, access: Access, catalog: Catalog, engines: ReplicaClient,
                  full_vocab: FullVocabResponses):
-        self.config, self.access, self.engines, self.full_vocab = config, access, engines, full_vocab
+        self.config, self.access, self.catalog = config, access, catalog
+        self.engines, self.full_vocab = engines, full_vocab
         self.vocabularies = {m.name: Vocabulary.load(m.resolved_path()) for m in config.models}
 
     async def respond(self, request: Request, endpoint: Endpoint) -> Response:
@@ -111,20 +113,6 @@ class RequestPipeline:
         if full_vocab:
             return await self.full_vocab_response(request, parsed, admitted)
         return json_response(await self.answer(parsed, admitted, endpoint))
-
-    def served(self, name: str, tenant: Tenant = UNLIMITED) -> Served:
-        """The model or adapter, if it exists and the tenant may use it (an adapter: its base
-        model): else 404, the same either way, naming only the tenant's."""
-        served = self.config.served(name)
-        if served is None or not tenant.allows(served.model.name):
-            known = ", ".join(s.name for s in self.tenants_models(tenant)) or "none"
-            raise APIError(404, "model_not_found", f"model {name!r} does not exist; "
-                           f"this service has: {known}", "model")
-        return served
-
-    def tenants_models(self, tenant: Tenant) -> list[Served]:
-        """The models and adapters the tenant may use."""
-        return [served for served in self.config.served_models() if tenant.allows(served.model.name)]
 
     def only_model(self, tenant: Tenant) -> str:
         """The model a request that names none is for: the tenant's only one (as vLLM's
@@ -146,6 +134,13 @@ class RequestPipeline:
     def rules(self, endpoint: Endpoint) -> FieldRules:
         return partial(admission.rules, ingress=self.config.ingress, chat=endpoint.chat)
 
+    async def parse_plain(self, request: Request, kind: type[StrictRequest],
+                          rules: dict[str, str]) -> tuple[Tenant, StrictRequest]:
+        """The caller's tenant, then its body, for an endpoint of no model's field rules."""
+        tenant = await self.tenant(request)
+        raw = await json_object(request, self.config.ingress.max_body_bytes)
+        return tenant, parse_request(kind, raw, rules)
+
     async def parse(self, request: Request, kind: type[StrictRequest], rules: FieldRules,
                     model_optional: bool = False) -> ParsedRequest:
         """The caller's tenant, then its body; with `model_optional`, a body that names no
@@ -154,19 +149,21 @@ class RequestPipeline:
         raw = await json_object(request, self.config.ingress.max_body_bytes)
         if model_optional and "model" not in raw:
             raw = {**raw, "model": self.only_model(tenant)}
-        return self.parsed(tenant, record, raw, kind, rules)
+        return await self.parsed(tenant, record, raw, kind, rules)
 
-    def parsed(self, tenant: Tenant, record: RequestRecord, raw: dict, kind: type[StrictRequest],
-               rules: FieldRules) -> ParsedRequest:
+    async def parsed(self, tenant: Tenant, record: RequestRecord, raw: dict, kind: type[StrictRequest],
+                     rules: FieldRules) -> ParsedRequest:
         """The body parsed strictly for its tenant, with the field rules of its model as this
-        tenant has it (the model is recorded even if the rest is refused)."""
-        named = self.config.served(raw["model"]) if isinstance(raw.get("model"), str) else None
-        named = named if named and tenant.allows(named.model.name) else None
+        tenant has it (the model is recorded even if the rest is refused). A loaded adapter is
+        leased until the response is over (serve_app.front.catalog)."""
+        named = (await self.catalog.find(raw["model"], record.tenant, tenant)
+                 if isinstance(raw.get("model"), str) else None)
         if named:
             record.model = named.name
         caps = tenant.capabilities(named.model.capabilities) if named else None
         body = parse_request(kind, raw, rules(caps))
-        served = self.served(body.model, tenant)
+        served = named or await self.catalog.served(body.model, record.tenant, tenant)
+        record.on_finish.append(await self.catalog.lease(served))
         return ParsedRequest(tenant, body, served, self.vocabularies[served.model.name],
                              tenant.capabilities(served.model.capabilities), record)
 

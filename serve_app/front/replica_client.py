@@ -25,6 +25,7 @@ from serve_app.engine.wire import (
     EngineResult,
     EngineUnavailable,
     QueueTimeout,
+    routed,
 )
 from serve_app.errors import APIError, error_envelope, invalid, not_ready, overloaded
 from serve_app.observe.availability import ReplicaStates
@@ -84,7 +85,8 @@ class ReplicaClient:
         `generate_full_vocab`); stopped there if left early; refusals as `generate`'s."""
         await self.check_started(model)
         sent = dataclasses.replace(engine_request, sent_at=time.time())
-        call = self.replicas[model].options(stream=True, _by_reference=True).generate_full_vocab.remote(sent)
+        replica = routed(self.replicas[model], sent)
+        call = replica.options(stream=True, _by_reference=True).generate_full_vocab.remote(sent)
         try:
             items = await self.watched(model, call._to_object_ref_gen())
             while (window := await self.next_window(model, items)) is not None:
@@ -148,7 +150,8 @@ class ReplicaClient:
                    record: RequestRecord, queue: asyncio.Queue) -> None:
         """One prompt's deltas into the shared queue."""
         sent = dataclasses.replace(engine_request, sent_at=time.time())
-        async for delta in self.replicas[model].options(stream=True).generate_stream.remote(sent):
+        replica = routed(self.replicas[model], sent)
+        async for delta in replica.options(stream=True).generate_stream.remote(sent):
             if delta.queue_time_s is not None:
                 record.queue_time_s = max(record.queue_time_s or 0.0, delta.queue_time_s)
             await queue.put((prompt_index, delta))
@@ -228,9 +231,8 @@ async def generate_all(replica: DeploymentHandle, engine_requests: list[EngineRe
     (docs/benchmarks.md#shipped-settings-measured). A lost replica is then
     `ActorUnavailableError`, a `RayActorError`."""
     sent_at = time.time()
-    direct = replica.options(_by_reference=False)
-    calls = [asyncio.ensure_future(direct.generate.remote(dataclasses.replace(r, sent_at=sent_at)))
-             for r in engine_requests]
+    calls = [asyncio.ensure_future(routed(replica, r).options(_by_reference=False).generate.remote(
+        dataclasses.replace(r, sent_at=sent_at))) for r in engine_requests]
     try:
         return await asyncio.gather(*calls)
     except BaseException:

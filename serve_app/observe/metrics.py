@@ -32,6 +32,8 @@ class Metric:
 
 REQUEST_TAGS = ("endpoint", "model", "status")
 TENANT_TAGS = ("endpoint", "model", "tenant")
+# A model replica's requests by model and LoRA adapter (empty: the base model).
+ENGINE_TAGS = ("model", "adapter")
 METRICS = [
     # Ingress: one observation per HTTP request (serve_app.observe.request_log.RequestRecord).
     Metric("probserve_requests_total", "counter", (*REQUEST_TAGS, "code", "tenant"),
@@ -56,22 +58,22 @@ METRICS = [
     Metric("probserve_full_vocab_waiting", "gauge", (),
            "Full-vocabulary requests waiting for one of an ingress replica's slots"),
     # Model replicas: one observation per engine request (a prompt).
-    Metric("probserve_prompt_tokens_total", "counter", ("model",),
+    Metric("probserve_prompt_tokens_total", "counter", ENGINE_TAGS,
            "Prompt tokens of the engine requests a model replica served"),
-    Metric("probserve_prefill_tokens_total", "counter", ("model",),
+    Metric("probserve_prefill_tokens_total", "counter", ENGINE_TAGS,
            "Prompt tokens the engine computed (prompt tokens less those found in its prefix cache)"),
-    Metric("probserve_prefix_cache_read_tokens_total", "counter", ("model",),
+    Metric("probserve_prefix_cache_read_tokens_total", "counter", ENGINE_TAGS,
            "Prompt tokens the engine read from its prefix cache instead of computing them"),
     Metric("probserve_scored_positions_total", "counter", ("model", "source"),
            "Prompt rows of requests the scored-prefix cache takes (echo, prompt_logprobs up to its "
            "top-k), by source: cache (served from it) or engine (computed)"),
     Metric("probserve_scored_cache_bytes", "gauge", ("model",),
            "Bytes a model replica's scored-prefix cache holds"),
-    Metric("probserve_generation_tokens_total", "counter", ("model",),
+    Metric("probserve_generation_tokens_total", "counter", ENGINE_TAGS,
            "Tokens the engine generated"),
-    Metric("probserve_request_prefill_tokens_per_second", "histogram", ("model",),
+    Metric("probserve_request_prefill_tokens_per_second", "histogram", ENGINE_TAGS,
            "Each engine request's prefill throughput: computed prompt tokens over prefill time"),
-    Metric("probserve_request_prefill_time_seconds", "histogram", ("model",),
+    Metric("probserve_request_prefill_time_seconds", "histogram", ENGINE_TAGS,
            "Time from an engine request's scheduling to its first token (its prefill)"),
     # Serializer pool: one observation per chunk of full-vocabulary positions.
     Metric("probserve_full_vocab_rows_total", "counter", ("model", "form"),
@@ -255,18 +257,20 @@ class ReplicaMetrics:
         self.prefill_rate = recorder("probserve_request_prefill_tokens_per_second")
         self.prefill_time = recorder("probserve_request_prefill_time_seconds")
 
-    def served(self, stats: EngineRequestStats) -> None:
+    def served(self, stats: EngineRequestStats, adapter: str) -> None:
+        """One engine request's counts, on `adapter` (empty: the base model)."""
+        tags = {**self.tags, "adapter": adapter}
         computed = stats.prompt_tokens - stats.cached_tokens
-        self.prompt.inc(stats.prompt_tokens, self.tags)
+        self.prompt.inc(stats.prompt_tokens, tags)
         if computed:
-            self.prefill.inc(computed, self.tags)
+            self.prefill.inc(computed, tags)
         if stats.cached_tokens:
-            self.cache_read.inc(stats.cached_tokens, self.tags)
+            self.cache_read.inc(stats.cached_tokens, tags)
         if stats.generated_tokens:
-            self.generation.inc(stats.generated_tokens, self.tags)
+            self.generation.inc(stats.generated_tokens, tags)
         if stats.prefill_time_s is not None and stats.prefill_time_s > 0:
-            self.prefill_time.observe(stats.prefill_time_s, self.tags)
-            self.prefill_rate.observe(computed / stats.prefill_time_s, self.tags)
+            self.prefill_time.observe(stats.prefill_time_s, tags)
+            self.prefill_rate.observe(computed / stats.prefill_time_s, tags)
 
 
     def scored(self, from_cache: int, from_engine: int, cache_bytes: int) -> None:

@@ -1,13 +1,10 @@
 """Builds the Ray Serve application from a configuration: the import path of the Serve config
 files (`import_path: serve_app.ops.app:build_app`, with the AppConfig as `args`)."""
 
-import json
-from pathlib import Path
-
 from ray.serve import Application, Deployment
 from ray.serve.config import RequestRouterConfig
 
-from serve_app.adapters import check_fits, read_adapter
+from serve_app.adapters import check_adapter
 from serve_app.batch.runner import BatchRunner
 from serve_app.config import AppConfig, ModelConfig, model_deployment_name
 from serve_app.engine.replica import ModelReplica
@@ -31,17 +28,13 @@ def check_model_folders(config: AppConfig) -> None:
         folder = model.resolved_path()
         if folder.is_dir():
             model.parallelism().check_model_folder(model.name, folder)
-            check_adapters(model, folder)
+            check_adapters(model)
 
 
-def check_adapters(model: ModelConfig, folder: Path) -> None:
-    adapters = [a for a in (model.lora.adapters if model.lora else []) if a.resolved_path().is_dir()]
-    if not adapters:
-        return
-    base_config = json.loads((folder / "config.json").read_text())
-    for adapter in adapters:
-        check_fits(read_adapter(adapter.resolved_path()), adapter.name, model.name, base_config,
-                   model.lora.max_lora_rank, model.lora.target_modules)
+def check_adapters(model: ModelConfig) -> None:
+    for adapter in model.lora.adapters if model.lora else []:
+        if adapter.resolved_path().is_dir():
+            check_adapter(adapter.resolved_path(), adapter.name, model)
 
 
 def build_app(args: dict, replica: Deployment | None = None) -> Application:

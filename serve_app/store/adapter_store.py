@@ -1,7 +1,7 @@
 """LoRA adapters the store builds for tests, in PEFT's layout (`adapter_config.json`,
-`adapter_model.safetensors`), into `PROBSERVE_HOME/adapters`: each tiny test model gets a
-seeded adapter of rank 8 and one of rank 16 on every attention and MLP projection, large
-enough to move its log-probabilities visibly."""
+`adapter_model.safetensors`), into `PROBSERVE_HOME/adapters`: each tiny test model and the
+embedded model get a seeded adapter of rank 8 and one of rank 16 on every attention and MLP
+projection, large enough to move their log-probabilities visibly."""
 
 import json
 from dataclasses import dataclass

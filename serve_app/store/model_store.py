@@ -215,10 +215,11 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
        for name, family in TINY_FAMILIES.items()},
     TINY_SIBLING: partial(build_tiny, name=TINY_SIBLING, family=TINY_FAMILIES[TINY], seed=TINY_SEED + 1),
 }
-ADAPTERS = store_adapters(list(TINY_FAMILIES))
+# The embedded model's, for the documentation's examples and the benchmarks.
+ADAPTERS = store_adapters([*TINY_FAMILIES, SMOLLM2])
 PREPARABLE = sorted([*BUILDERS, *ADAPTERS])
 # Raised when a builder changes what it makes: folders built before are rebuilt.
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 STAMP = ".probserve-build"
 
 

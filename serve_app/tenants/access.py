@@ -12,6 +12,7 @@ from serve_app.errors import APIError
 from serve_app.observe.request_log import RequestRecord
 from serve_app.tenants.keyring import ANONYMOUS, UNLIMITED, Keyring, Tenant, WatchedKeyring
 from serve_app.tenants.quotas import RateLimits, TenantQueues, request_tokens
+from serve_app.tenants.redis_client import redis_options
 from serve_app.tenants.usage import MemoryUsage, RedisUsage, counts
 
 logger = logging.getLogger("probserve.access")
@@ -20,8 +21,7 @@ logger = logging.getLogger("probserve.access")
 def limits_storage(url: str):
     """The `limits` library's asyncio storage for the configured URL (redis-py's client)."""
     if url.startswith("redis://"):
-        return storage_from_string(f"async+{url}", implementation="redispy",
-                                   socket_timeout=2, socket_connect_timeout=2)
+        return storage_from_string(f"async+{url}", implementation="redispy", **redis_options())
     return storage_from_string("async+memory://")
 
 

@@ -45,6 +45,11 @@ class TenantLimits(Strict):
     # long, else 429.
     max_waiting: int = Field(16, ge=0)
     max_wait_s: float = Field(30, gt=0)
+    # LoRA adapters loaded at run time (POST /v1/load_lora_adapter): how many the tenant holds
+    # at once, and the folders it may load them from, each within the service's
+    # `tenancy.adapter_roots` (None: all of those).
+    max_adapters: int | None = Field(None, ge=0)
+    adapter_roots: list[str] | None = None
 
 
 class TenantCaps(Strict):

@@ -5,6 +5,7 @@ replica adds to the same figures), else in this ingress replica's memory, since 
 from collections import Counter, defaultdict
 
 from serve_app.observe.request_log import RequestRecord
+from serve_app.tenants.redis_client import redis_client
 
 KEY_PREFIX = "probserve:usage:"
 TOKEN_FIELDS = ("prompt_tokens", "scored_tokens", "generated_tokens", "full_vocab_bytes")
@@ -37,9 +38,7 @@ class MemoryUsage:
 
 class RedisUsage:
     def __init__(self, url: str):
-        import redis.asyncio
-
-        self.redis = redis.asyncio.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        self.redis = redis_client(url)
 
     async def add(self, tenant: str, added: dict[str, int]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:

@@ -100,7 +100,9 @@ CONFIG = {
         "full_vocab_window": FULL_VOCAB_WINDOW, "kv_block_size": KV_BLOCKS[name],
         "max_ongoing_requests": 32, "max_queued_requests": 32, "autoscaling_config": WHILE_USED, **layout}
        for name, layout in SPLIT_MODELS.items()]
-    + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB}],
+    # LoRA on the embedded model: docs/api.md's examples load its test adapter at run time.
+    + [{"name": SMOLLM2, "ray_actor_options": {"num_cpus": 0.5}, "cpu_kv_cache_gib": SMOLLM2_KV_GIB,
+        "lora": {"max_lora_rank": 16}}],
     # Full-vocabulary requests wait up to 120 s for a slot (30 by default), so that on a slow
     # machine every waiter of test_overload.py's burst is served.
     "ingress": {"max_batch_prompts": 8, "max_n": 4, "max_ongoing_requests": 1024, "full_vocab_wait_s": 120},

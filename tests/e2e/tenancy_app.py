@@ -10,6 +10,7 @@ import pytest
 from ray import serve
 
 from serve_app.ops.app import build_app
+from serve_app.store.adapter_store import adapter_name, adapter_path
 from serve_app.store.model_store import TINY, TINY_BOS
 from serve_app.tenants import keyring
 from serve_app.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
@@ -22,6 +23,7 @@ VIEWER_REQUESTS_PER_MINUTE = 3  # the viewer test's tenant's
 INGRESS_REPLICAS = 2
 # flood's bound in flight (per ingress replica) and its queue: the fairness test's clients.
 FLOOD_MAX_IN_FLIGHT, FLOOD_CLIENTS = 1, 8
+TUNER_ROOT = adapter_path(adapter_name(TINY, 8))  # the one folder tuner may load adapters from
 
 
 class RedisServer:
@@ -58,7 +60,8 @@ def keys(tmp_path_factory):
     """alpha: the first tiny model only, tighter caps, a request rate, two in flight; beta:
     both models, no limits; gamma: a key that gets revoked; flood: one in flight, eight
     waiting; viewer: the first model only, three requests a minute; evaluator: the first model
-    only, no limits (lm-evaluation-harness's remote tokenizer names no model)."""
+    only, no limits (lm-evaluation-harness's remote tokenizer names no model); tuner: one LoRA
+    adapter loaded at a time, from the rank-8 test adapter's folder only."""
     folder = tmp_path_factory.mktemp("keys")
     secret_file, key_file = folder / "secret", folder / "keys.yaml"
     secret_file.write_text(keyring.new_secret())
@@ -69,8 +72,9 @@ def keys(tmp_path_factory):
         "beta": Tenant(), "gamma": Tenant(),
         "flood": Tenant(limits=TenantLimits(max_in_flight=FLOOD_MAX_IN_FLIGHT, max_waiting=FLOOD_CLIENTS)),
         "viewer": Tenant(models=[TINY], limits=TenantLimits(requests_per_minute=VIEWER_REQUESTS_PER_MINUTE)),
-        "evaluator": Tenant(models=[TINY])})
-    for name in ("alpha", "beta", "gamma", "flood", "viewer", "evaluator"):
+        "evaluator": Tenant(models=[TINY]),
+        "tuner": Tenant(limits=TenantLimits(max_adapters=1, adapter_roots=[str(TUNER_ROOT)]))})
+    for name in ("alpha", "beta", "gamma", "flood", "viewer", "evaluator", "tuner"):
         document, made[name] = keyring.create_key(document, name, secret)
     document.write(key_file)
     return {"key_file": key_file, "secret_file": secret_file, "made": made}
@@ -83,7 +87,9 @@ def app_args(redis_server, keys, tmp_path_factory) -> dict:
     # The second model is only listed and refused here, never sent to: scaled to zero, it
     # costs no engine.
     idle = {"autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
-    args = {"models": [{"name": TINY, **tiny}, {"name": TINY_BOS, **tiny, **idle}],
+    # LoRA adapters up to rank 8: the store's rank-16 adapter is one too many.
+    lora = {"lora": {"max_lora_rank": 8}}
+    args = {"models": [{"name": TINY, **tiny, **lora}, {"name": TINY_BOS, **tiny, **idle}],
             "ingress": {"autoscaling_config": {"min_replicas": INGRESS_REPLICAS,
                                                "max_replicas": INGRESS_REPLICAS},
                         "ray_actor_options": {"num_cpus": 0.01}},

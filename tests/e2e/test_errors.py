@@ -77,8 +77,12 @@ PROVOKED_BY_BURSTS = {"overloaded"}
 # Codes of batches and their files: tests/e2e/test_batch.py (tenant_removed: the unit tests).
 PROVOKED_BY_BATCHES = {"file_too_large", "invalid_file_purpose", "invalid_batch_line", "file_in_use",
                        "batch_not_cancellable", "tenant_removed"}
-# Codes of LoRA adapters: tests/e2e/test_adapters.py.
-PROVOKED_BY_ADAPTERS = {"adapter_not_found"}
+# Codes of LoRA adapters: tests/e2e/test_adapters.py and test_loaded_adapters.py; with keys
+# (a tenant's limits, the rank bound of the tenancy application's model, Redis gone),
+# tests/e2e/test_tenancy.py.
+PROVOKED_BY_ADAPTERS = {"adapter_not_found", "adapter_path_not_allowed", "adapter_mismatch",
+                        "lora_not_enabled", "adapter_name_taken", "adapter_configured", "adapter_in_use",
+                        "adapter_rank_too_large", "adapter_limit_reached", "adapter_registry_unavailable"}
 # Codes of the application with keys: tests/e2e/test_tenancy.py.
 PROVOKED_WITH_KEYS = {"missing_api_key", "invalid_api_key", "rate_limit_exceeded",
                       "rate_limit_unavailable", "usage_unavailable"}

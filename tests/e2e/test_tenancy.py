@@ -2,7 +2,8 @@
 ingress replicas that share one real Redis): every error, model visibility and
 tighter caps, a request rate that holds across both replicas and resets, fair sharing under a
 flood, usage read back, Redis going away, the viewer asking for a key and showing a tenant's
-refusals, and no key or prompt in any log."""
+refusals, LoRA adapters loaded by a tenant and its alone (kept across a redeployment), and no
+key or prompt in any log."""
 
 import itertools
 import threading
@@ -18,6 +19,7 @@ from ray import serve
 from selenium.webdriver.support.ui import Select
 
 from serve_app.config import model_deployment_name
+from serve_app.store.adapter_store import adapter_name, adapter_path
 from serve_app.store.model_store import TINY, TINY_BOS
 from serve_app.tenants import keyring
 from serve_app.tenants.keyring import KeyFile
@@ -30,6 +32,7 @@ from tests.e2e.tenancy_app import (
     FLOOD_MAX_IN_FLIGHT,
     INGRESS_REPLICAS,
     REQUESTS_PER_MINUTE,
+    TUNER_ROOT,
     VIEWER_REQUESTS_PER_MINUTE,
     as_,
     deploy,
@@ -44,8 +47,8 @@ SECRET_WORD = f"tenant-secret-{uuid.uuid4().hex}"
 # 3 s), both slower on a loaded machine.
 METRICS_WAIT_S = 90
 # How long a test waits, at most, for what must come (usage counted once a response is over,
-# the service back with Redis, a batch's progress): bounds against a hang, not timings.
-USAGE_WAIT_S, REDIS_BACK_S, BATCH_WAIT_S = 30, 60, 240
+# a batch's progress): bounds against a hang, not timings.
+USAGE_WAIT_S, BATCH_WAIT_S = 30, 240
 # The fairness test: flood's clients, many more than its bound per ingress replica, and one
 # request for every tenant there (the same work whoever sends it: only where it waits differs).
 BETA_REQUESTS = 11
@@ -359,23 +362,27 @@ def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tm
         browser.quit()
 
 
-def test_redis_going_away_fails_closed_with_503_and_comes_back(url, keys, redis_server):
-    alpha = as_(keys, "alpha")  # a tenant with a rate: its requests need the storage
+def test_redis_going_away_fails_closed_with_503_and_its_return_is_served_at_once(url, keys, redis_server):
+    alpha, beta = as_(keys, "alpha"), as_(keys, "beta")  # alpha has a rate: its requests need the storage
     redis_server.stop()
     try:
         answer = complete(url, alpha)
         assert (answer.status_code, answer.json()["error"]["code"]) == (503, "rate_limit_unavailable")
         assert answer.headers["retry-after"]
-        usage = httpx.get(f"{url}/v1/usage", headers=as_(keys, "beta"))  # beta has no rate to count
+        usage = httpx.get(f"{url}/v1/usage", headers=beta)  # beta has no rate to count
         assert (usage.status_code, usage.json()["error"]["code"]) == (503, "usage_unavailable")
+        for refused in (complete(url, beta, "beta-adapter"),
+                        load_adapter(url, beta, "beta-adapter", TUNER_ROOT)):
+            assert code_of(refused, 503) == "adapter_registry_unavailable" and refused.headers["retry-after"]
     finally:
         redis_server.start()
-
-    def back(answer: httpx.Response) -> bool:  # its clients reconnect on their next commands
-        assert answer.status_code == 200 or answer.json()["error"]["code"] == "rate_limit_unavailable"
-        return answer.status_code == 200
-    read_until(lambda: complete(url, alpha), back, REDIS_BACK_S, "the service did not come back with Redis",
-               pause_s=0.5)
+    # Every store's pooled connections died with Redis: each tries a fresh one (on both ingress
+    # replicas), so the first requests after are served.
+    for _ in range(INGRESS_REPLICAS):  # within alpha's rate
+        assert complete(url, alpha).status_code == 200
+    for _ in range(2 * INGRESS_REPLICAS):
+        assert httpx.get(f"{url}/v1/usage", headers=beta).status_code == 200
+        assert code_of(complete(url, beta, "beta-adapter"), 404) == "model_not_found"
 
 
 def online_choices(url: str, headers: dict[str, str], prompts: list[list[int]]) -> list[dict]:
@@ -387,6 +394,65 @@ def online_choices(url: str, headers: dict[str, str], prompts: list[list[int]]) 
         choices += sorted(answer.json()["choices"], key=lambda choice: choice["index"])
     assert len(choices) == len(prompts)
     return choices
+
+
+def load_adapter(url, headers, name: str, folder) -> httpx.Response:
+    return httpx.post(f"{url}/v1/load_lora_adapter", headers=headers, timeout=60,
+                      json={"lora_name": name, "lora_path": str(folder)})
+
+
+def loaded(url, headers, name: str, folder) -> None:
+    response = load_adapter(url, headers, name, folder)
+    assert response.status_code == 200, response.text
+
+
+def unload_adapter(url, headers, name: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/unload_lora_adapter", headers=headers, timeout=60, json={"lora_name": name})
+
+
+def echo_logprobs(url, headers, model: str) -> list[float]:
+    response = complete(url, headers, model, max_tokens=1, temperature=0, echo=True, logprobs=0)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+
+def model_ids(url, headers) -> list[str]:
+    return [card["id"] for card in httpx.get(f"{url}/v1/models", headers=headers).json()["data"]]
+
+
+def code_of(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    return response.json()["error"]["code"]
+
+
+def test_a_tenant_s_loaded_adapter_is_its_own_on_both_ingress_replicas(url, keys):
+    """Loaded with beta's key, kept in Redis: beta lists and scores it through either ingress
+    replica; another tenant is told it does not exist, and cannot unload it."""
+    beta, evaluator, name = as_(keys, "beta"), as_(keys, "evaluator"), f"beta-{uuid.uuid4().hex[:8]}"
+    loaded(url, beta, name, adapter_path(adapter_name(TINY, 8)))
+    assert name in model_ids(url, beta) and name not in model_ids(url, evaluator)
+    adapted, base = echo_logprobs(url, beta, name), echo_logprobs(url, beta, TINY)
+    assert max(abs(a - b) for a, b in zip(adapted[1:], base[1:], strict=True)) > 0.05  # the adapter's
+    for _ in range(4 * INGRESS_REPLICAS):  # whichever ingress replica answers
+        assert echo_logprobs(url, beta, name) == adapted
+    assert code_of(complete(url, evaluator, name), 404) == "model_not_found"
+    assert code_of(unload_adapter(url, evaluator, name), 404) == "model_not_found"
+    assert code_of(load_adapter(url, evaluator, name, TUNER_ROOT), 409) == "adapter_name_taken"
+    assert code_of(load_adapter(url, beta, f"{name}-r16", adapter_path(adapter_name(TINY, 16))),
+                   400) == "adapter_rank_too_large"
+    assert unload_adapter(url, beta, name).status_code == 200
+    assert code_of(complete(url, beta, name), 404) == "model_not_found"
+
+
+def test_a_tenant_loads_adapters_within_its_count_and_its_folders(url, keys):
+    tuner, first = as_(keys, "tuner"), f"tuner-{uuid.uuid4().hex[:8]}"
+    assert code_of(load_adapter(url, tuner, first, adapter_path(adapter_name(TINY, 16))),
+                   400) == "adapter_path_not_allowed"
+    loaded(url, tuner, first, TUNER_ROOT)
+    assert code_of(load_adapter(url, tuner, f"{first}-2", TUNER_ROOT), 400) == "adapter_limit_reached"
+    assert unload_adapter(url, tuner, first).status_code == 200
+    loaded(url, tuner, f"{first}-2", TUNER_ROOT)
+    assert unload_adapter(url, tuner, f"{first}-2").status_code == 200
 
 
 def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url, keys, app_args):
@@ -406,9 +472,15 @@ def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url,
     batch_url = f"{url}/v1/batches/{batch['id']}"
     batch_when(batch_url, beta, lambda started: started["request_counts"]["completed"] >= 10,
                ("validating", "in_progress"))
+    # A loaded adapter lives in Redis: new ingress and model replicas serve it as before.
+    adapter = f"beta-kept-{uuid.uuid4().hex[:8]}"
+    loaded(url, beta, adapter, adapter_path(adapter_name(TINY, 8)))
+    before = echo_logprobs(url, beta, adapter)
     serve.delete(APP)
     deploy(app_args)
     redeployed_at = int(time.time())
+    assert echo_logprobs(url, beta, adapter) == pytest.approx(before, abs=TOLERANCE)
+    assert unload_adapter(url, beta, adapter).status_code == 200
     batch = batch_when(batch_url, beta, completed, ("in_progress",))
     assert batch["error_file_id"] is None and batch["completed_at"] >= redeployed_at
     assert batch["request_counts"] == {"total": count, "completed": count, "failed": 0}

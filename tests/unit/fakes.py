@@ -1,7 +1,8 @@
-"""Test data for shaping tests: a character tokenizer, log-probability entries."""
+"""Test data for shaping tests: a character tokenizer, log-probability entries; async tests."""
 
 import asyncio
 import dataclasses
+import functools
 from dataclasses import fields
 
 import numpy as np
@@ -9,6 +10,14 @@ import numpy as np
 from serve_app.engine.wire import EngineResult, FullVocabParts, FullVocabRows, PositionLogprobs, RankedRows
 from serve_app.fullvocab.streamed import StreamedRows
 from serve_app.text.vocabulary import Vocabulary
+
+
+def in_a_loop(test):
+    """The test, an async function, run in an event loop of its own."""
+    @functools.wraps(test)
+    def run(*args, **fixtures):
+        asyncio.run(test(*args, **fixtures))
+    return run
 
 
 def char_vocabulary(alphabet: str, specials: tuple[str, ...] = (),

@@ -1,7 +1,6 @@
 """LoRA adapters: configured per base model, served as models of their own; the store's test
 adapters in PEFT's layout; the engine asked for each adapter by a number of its own."""
 
-import asyncio
 import json
 import typing
 
@@ -11,9 +10,10 @@ from safetensors import safe_open
 from serve_app.adapters import AdapterProblem, check_fits, read_adapter
 from serve_app.api.model_list import model_card
 from serve_app.config import AppConfig, LoraRank, ModelConfig
+from serve_app.engine.engine_adapters import EngineAdapters
 from serve_app.engine.replica import ModelReplica
 from serve_app.engine.vllm_adapter import engine_args
-from serve_app.engine.wire import Adapter, AdapterUnavailable, EngineRequest
+from serve_app.engine.wire import Adapter, AdapterUnavailable, EngineRequest, routed
 from serve_app.store.adapter_store import (
     TARGET_MODULES,
     StoreAdapter,
@@ -22,7 +22,7 @@ from serve_app.store.adapter_store import (
     store_adapters,
 )
 from serve_app.vllm_constants import LORA_RANKS
-from tests.unit.fakes import char_vocabulary
+from tests.unit.fakes import char_vocabulary, in_a_loop
 
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -89,22 +89,15 @@ def request(adapter: Adapter | None) -> EngineRequest:
 def replica(shared: bool = False) -> ModelReplica:
     """The replica's own methods on a bare instance (no engine)."""
     bare = object.__new__(ModelReplica.func_or_class)
-    bare.model, bare.adapter_ids = ModelConfig(name="tiny-llama", shared_prefix_caches=shared), {}
+    bare.model = ModelConfig(name="tiny-llama", shared_prefix_caches=shared)
     return bare
-
-
-def test_each_adapter_has_a_number_of_its_own_in_the_engine():
-    bare, first, second = replica(), Adapter("a", "/x/a"), Adapter("b", "/x/b")
-    numbers = [bare.lora_request(adapter).lora_int_id for adapter in (first, second, first)]
-    assert numbers == [1, 2, 1]
-    assert bare.lora_request(Adapter("a", "/x/other")).lora_int_id == 3  # another folder, another adapter
 
 
 class Engine:
     """Loads adapters whose folder starts with /ok, as vLLM's add_lora does or raises."""
 
     def __init__(self):
-        self.loaded = []
+        self.loaded, self.removed = [], []
 
     async def add_lora(self, request) -> bool:
         if not request.lora_path.startswith("/ok"):
@@ -112,29 +105,53 @@ class Engine:
         self.loaded.append(request.lora_int_id)
         return True
 
-    def shutdown(self) -> None:  # the replica's __del__ stops its engine
-        pass
+    async def remove_lora(self, number: int) -> bool:
+        self.removed.append(number)
+        return True
 
 
-def test_an_adapter_is_loaded_once_and_one_vllm_cannot_load_is_refused_without_its_folder():
-    bare = replica()
-    bare.engine = Engine()
-    good, gone = Adapter("good", "/ok/good"), Adapter("gone", "/secret/gone")
-    assert asyncio.run(bare.loaded(None)) is None
-    for _ in range(2):
-        assert asyncio.run(bare.loaded(good)).lora_int_id == 1
-        with pytest.raises(AdapterUnavailable) as refused:
-            asyncio.run(bare.loaded(gone))
-        assert "gone" in str(refused.value) and "/secret" not in str(refused.value)
-    assert bare.engine.loaded == [1] and bare.adapter_ids == {good: 1}  # nothing half-loaded kept
+async def loaded(adapters: EngineAdapters, adapter: Adapter) -> int:
+    """What Serve's multiplexer does with a key it does not hold (it needs a replica)."""
+    adapters.by_key[adapter.key] = adapter
+    return (await adapters.load(adapter)).request.lora_int_id
+
+
+@in_a_loop
+async def test_each_adapter_has_a_number_of_its_own_in_the_engine_kept_when_dropped():
+    adapters = EngineAdapters(Engine(), "tiny-llama", 2)
+    first, second = Adapter("a", "/ok/a"), Adapter("b", "/ok/b")
+    assert [await loaded(adapters, adapter) for adapter in (first, second)] == [1, 2]
+    held = await adapters.load(first)
+    await held.__del__()  # as the multiplexer drops the least recently used
+    assert adapters.engine.removed == [1] and first.key not in adapters.by_key
+    assert await loaded(adapters, first) == 1
+    for other in (Adapter("a", "/ok/other"), Adapter("a", "/ok/a", revision="r2")):  # another folder, or load
+        assert await loaded(adapters, other) == 3 + (other.revision == "r2")
+    assert adapters.engine.loaded == [1, 2, 1, 1, 3, 4]
+
+
+@in_a_loop
+async def test_an_adapter_vllm_cannot_load_is_refused_without_its_folder():
+    adapters = EngineAdapters(Engine(), "tiny-llama", 2)
+    assert await adapters.request(None) is None
+    with pytest.raises(AdapterUnavailable) as refused:
+        await loaded(adapters, Adapter("gone", "/secret/gone"))
+    assert "gone" in str(refused.value) and "/secret" not in str(refused.value)
+    assert adapters.engine.loaded == []
+
+
+def test_an_adapters_key_tells_loads_and_folders_apart_and_hides_the_folder():
+    keys = {Adapter("a", "/x/a").key, Adapter("a", "/y/a").key, Adapter("a", "/x/a", "r2").key}
+    assert len(keys) == 3 and not any("/x" in key for key in keys)
 
 
 @pytest.mark.parametrize("shared", [False, True])
 def test_an_adapters_prefix_caches_are_apart_from_the_bases_and_each_others(shared):
     bare = replica(shared)
     namespaces = {bare.cache_namespace(request(adapter))
-                  for adapter in (None, Adapter("a", "/x/a"), Adapter("b", "/x/b"), Adapter("a", "/y/a"))}
-    assert len(namespaces) == 4
+                  for adapter in (None, Adapter("a", "/x/a"), Adapter("b", "/x/b"), Adapter("a", "/y/a"),
+                                  Adapter("a", "/x/a", "r2"))}
+    assert len(namespaces) == 5
 
 
 def test_the_stores_adapters_are_peft_loras_of_every_projection(tmp_path):
@@ -224,3 +241,19 @@ def test_a_folder_without_a_lora_adapter_is_not_found(built, tmp_path):
     (built / "adapter_config.json").write_text(json.dumps(config))
     (built / "adapter_model.safetensors").write_bytes(b"not safetensors")
     assert problem(built)[0] == "adapter_not_found"
+
+
+class Handle:
+    """A deployment handle that records the options it is given."""
+
+    def __init__(self, **options):
+        self.options_given = options
+
+    def options(self, **options) -> "Handle":
+        return Handle(**self.options_given, **options)
+
+
+def test_a_request_on_an_adapter_is_routed_by_its_key_and_the_bases_by_none():
+    adapter = Adapter("a", "/x/a", "r1")
+    assert routed(Handle(), request(adapter)).options_given == {"multiplexed_model_id": adapter.key}
+    assert routed(Handle(), request(None)).options_given == {}

@@ -3,7 +3,6 @@ woken in order when a request of the router ends, and finds the freed place with
 the replicas again; Serve's backoff remains only as the longest wait before looking again."""
 
 import asyncio
-import functools
 import random
 
 import pytest
@@ -11,20 +10,13 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve._private.request_router.common import PendingRequest
 
 from serve_app.front.replica_router import BoundedStreamRouter, PlaceLine
+from tests.unit.fakes import in_a_loop
 
 DEPLOYMENT = DeploymentID(name="Model-m", app_name="probserve")
 # The backoff in these tests: a request left to it would outlast HANG_S, so a wake
 # that goes missing fails the test instead of passing slowly.
 UNWOKEN_S = 600
 HANG_S = 10
-
-
-def in_a_loop(test):
-    """The test, an async function, run in an event loop of its own."""
-    @functools.wraps(test)
-    def run():
-        asyncio.run(test())
-    return run
 
 
 class FakeReplica:
@@ -219,3 +211,18 @@ async def test_wake_all_wakes_every_waiter():
     await asyncio.sleep(0)
     line.wake_all()
     assert await asyncio.gather(*waiters) == [True, True, True]
+
+
+@in_a_loop
+async def test_a_request_for_an_adapter_goes_to_the_replica_that_holds_it():
+    """Serve's multiplexed routing, kept by this router: the adapter's key (its
+    `multiplexed_model_id`) sends every request to the replica holding it while it has room,
+    however busier than the other it gets; a request of the base goes to the less busy."""
+    holder, other = FakeReplica("holder", places=100), FakeReplica("other", places=100)
+    holder.multiplexed_model_ids = {"adapter#r1#0123"}
+    router = await router_of(other, holder)
+    for index in range(20):
+        request = pending(f"r{index}")
+        request.metadata.multiplexed_model_id = "adapter#r1#0123"
+        assert await sent(router, request) is holder
+    assert await sent(router, pending("base")) is other
