@@ -23,7 +23,8 @@ $(STAMP):
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 serve: venv
-	$(VENV)/bin/probserve models prepare smollm2-135m-instruct
+	# The embedded model, and its test adapter that docs/api.md's examples load.
+	$(VENV)/bin/probserve models prepare smollm2-135m-instruct smollm2-135m-instruct-lora-r8
 	$(VENV)/bin/probserve serve --config $(CONFIG)
 
 # The servers the tests run for real (each test session starts and stops its own):

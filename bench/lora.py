@@ -4,16 +4,16 @@ server with the same adapters.
 Two measurements, each of 16 clients sending small requests of prompts never sent before
 (`distinct` of bench/load.py):
 
-- `enable`: requests to the base model of probserve on `--config` as it is, and with `lora`
-  turned on for its model (rank up to 16, no adapter used), alternated `--rounds` times
-  (this machine's speed moves within minutes): what turning LoRA on costs requests that use
-  none. It decides whether deployments/local.yaml serves adapters.
+- `enable`: requests to the model of probserve on `--config` as it is, and to the same model
+  with `lora` turned on (rank up to 16, no adapter used), both served at once and loaded in
+  turn `--rounds` times (this machine's speed moves within minutes): what turning LoRA on
+  costs requests that use none. It decides whether deployments/local.yaml serves adapters.
 - `spread`: requests spread in turn over the base and four adapters of the embedded model
   (the store's rank-8 and rank-16 adapters and two more rank-8 ones, seeded, built here),
   against requests to the base alone, on probserve (the adapters loaded at run time) and on
   vLLM's server (`--enable-lora --lora-modules`), each with `max_loras` 4.
 
-    .venv/bin/python bench/lora.py --measure enable --rounds 3
+    .venv/bin/python bench/lora.py --measure enable --rounds 8
     .venv/bin/python bench/lora.py --measure spread --requests 400
 """
 
@@ -36,14 +36,21 @@ from serve_app.store.model_store import SMOLLM2, embedded_model_path, prepare
 CLIENTS = 16
 LORA = {"max_lora_rank": 16, "max_loras": 4}
 BUILT_SEEDS = (71, 72)  # the two adapters built here, beside the store's two
+LORA_TWIN = f"{SMOLLM2}-with-lora"
 
 
-def with_lora(config: Path) -> dict:
-    """The config's model sections with LoRA turned on (for probserve_serving)."""
+def with_lora(config: Path, beside: bool = False) -> dict:
+    """The config's model sections with LoRA turned on (for probserve_serving); `beside`: the
+    model as it is, and beside it the same model under LORA_TWIN with LoRA on."""
     from serve_app.ops import cli
 
     args, _, _ = cli.serve_config(config)
-    return {"models": [{**model, "lora": LORA} for model in args["models"]]}
+    models = args["models"]
+    if not beside:
+        return {"models": [{**model, "lora": LORA} for model in models]}
+    (model,) = models
+    twin = {**model, "name": LORA_TWIN, "path": str(embedded_model_path(SMOLLM2)), "lora": LORA}
+    return {"models": [model, twin]}
 
 
 def rate(url: str, models: list[str], requests: int, seed: int) -> float:
@@ -58,17 +65,20 @@ def rate(url: str, models: list[str], requests: int, seed: int) -> float:
 
 
 def measure_enable(config: Path, rounds: int, requests: int) -> None:
+    """One service serving the model twice, as configured and with LoRA on: each round
+    loads one then the other, so that both meet the machine's same moment."""
     ratios = []
-    for round_ in range(rounds):
-        rates = {}
-        for name, sections in (("base", None), ("lora", with_lora(config))):
-            with probserve_serving(config, sections) as url:
-                rate(url, [SMOLLM2], 32, seed=1000 + round_)  # warm-up
-                rates[name] = rate(url, [SMOLLM2], requests, seed=round_)
-        ratios.append(rates["lora"] / rates["base"])
-        print(f"round {round_ + 1}: without LoRA {rates['base']:.1f} req/s, with LoRA "
-              f"{rates['lora']:.1f} req/s: {ratios[-1]:.3f}x", flush=True)
-    print(f"median with / without LoRA: {statistics.median(ratios):.3f}x over {rounds} rounds")
+    with probserve_serving(config, with_lora(config, beside=True)) as url:
+        for model in (SMOLLM2, LORA_TWIN):
+            rate(url, [model], 32, seed=999)  # warm-up
+        for round_ in range(rounds):
+            first, second = (SMOLLM2, LORA_TWIN) if round_ % 2 == 0 else (LORA_TWIN, SMOLLM2)
+            rates = {model: rate(url, [model], requests, seed=round_) for model in (first, second)}
+            ratios.append(rates[LORA_TWIN] / rates[SMOLLM2])
+            print(f"round {round_ + 1}: without LoRA {rates[SMOLLM2]:.1f} req/s, with LoRA "
+                  f"{rates[LORA_TWIN]:.1f} req/s: {ratios[-1]:.3f}x", flush=True)
+    print(f"median with / without LoRA: {statistics.median(ratios):.3f}x over {rounds} rounds "
+          f"(lowest {min(ratios):.3f}x, highest {max(ratios):.3f}x)")
 
 
 def four_adapters() -> dict[str, Path]:
@@ -138,8 +148,7 @@ def vllm_spread(folders: dict[str, Path], requests: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", choices=["enable", "spread"], required=True)
-    parser.add_argument("--rounds", type=int, default=3, help="enable: probserve started this "
-                        "many times each way, alternated")
+    parser.add_argument("--rounds", type=int, default=8, help="enable: runs of each model, alternated")
     parser.add_argument("--requests", type=int, default=400, help="a run's requests")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
     options = parser.parse_args()
