@@ -55,11 +55,11 @@ def not_found(name: str, param: str, known: list[Served]) -> APIError:
 
 
 class Catalog:
-    def __init__(self, config: AppConfig, retry_after_s: int):
-        self.config, self.retry_after_s = config, retry_after_s
+    def __init__(self, config: AppConfig, retry_after_s: int, spawn: Callable[[Awaitable], None]):
+        """spawn: runs a coroutine to its end in the background (Access.spawn)."""
+        self.config, self.retry_after_s, self.spawn = config, retry_after_s, spawn
         self.registry = adapter_registry(config.tenancy.storage)
         self.roots = config.tenancy.resolved_adapter_roots()
-        self.leases: set[asyncio.Task] = set()
 
     async def stored(self, call: Awaitable):
         """The registry's answer, else 503 `adapter_registry_unavailable`."""
@@ -83,8 +83,11 @@ class Catalog:
         """As `find`, else 404 naming only what the tenant may use."""
         served = await self.find(name, owner, tenant)
         if served is None:
-            raise not_found(name, param, await self.listed(owner, tenant))
+            raise await self.not_found(name, owner, tenant, param)
         return served
+
+    async def not_found(self, name: str, owner: str, tenant: Tenant, param: str = "model") -> APIError:
+        return not_found(name, param, await self.listed(owner, tenant))
 
     async def listed(self, owner: str, tenant: Tenant) -> list[Served]:
         """The models and adapters the tenant may use, its loaded adapters after the rest."""
@@ -169,11 +172,7 @@ class Catalog:
         name, request = served.name, uuid.uuid4().hex
         await self.stored(self.registry.lease(name, request))
 
-        def release() -> None:
-            task = asyncio.get_running_loop().create_task(self.release(name, request))
-            self.leases.add(task)
-            task.add_done_callback(self.leases.discard)
-        return release
+        return lambda: self.spawn(self.release(name, request))
 
     async def release(self, name: str, request: str) -> None:
         try:

@@ -63,7 +63,7 @@ class Ingress:
         states = ReplicaStates(lambda: running_replicas(serve_details(), app_name))
         self.engines = ReplicaClient(config, replicas, states)
         access = Access(config.tenancy, config.ingress.retry_after_s)
-        self.catalog = Catalog(config, config.ingress.retry_after_s)
+        self.catalog = Catalog(config, config.ingress.retry_after_s, access.spawn)
         self.pipeline = RequestPipeline(config, access, self.catalog, self.engines,
                                         FullVocabResponses(config, serializers))
         self.viewer = ViewerFiles(config.ingress.ui)

@@ -162,10 +162,11 @@ class RequestPipeline:
             record.model = named.name
         caps = tenant.capabilities(named.model.capabilities) if named else None
         body = parse_request(kind, raw, rules(caps))
-        served = named or await self.catalog.served(body.model, record.tenant, tenant)
-        record.on_finish.append(await self.catalog.lease(served))
-        return ParsedRequest(tenant, body, served, self.vocabularies[served.model.name],
-                             tenant.capabilities(served.model.capabilities), record)
+        if named is None:
+            raise await self.catalog.not_found(body.model, record.tenant, tenant)
+        record.on_finish.append(await self.catalog.lease(named))
+        return ParsedRequest(tenant, body, named, self.vocabularies[named.model.name],
+                             tenant.capabilities(named.model.capabilities), record)
 
     async def admit(self, parsed: ParsedRequest, endpoint: Endpoint) -> Admitted:
         """Every check, then the request's prompt tokens recorded and charged to its tenant's rate."""

@@ -48,14 +48,17 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def catalog_of(home, max_lora_rank: int = 16, other_lora_model: bool = False) -> Catalog:
+def catalog_of(home, max_lora_rank: int = 16, other_lora_model: bool = False,
+               spawned: list | None = None) -> Catalog:
+    """`spawned`: where the catalog's background work goes, to be awaited by the test."""
     shared = {"name": "shared", "path": str(home / "adapters/r8")}
     lora = {"max_lora_rank": max_lora_rank, "adapters": [shared]}
     models = [{"name": "base", "path": str(home / "base"), "lora": lora},
               {"name": "plain", "path": str(home / "base")}]
     if other_lora_model:
         models.append({"name": "other", "path": str(home / "base"), "lora": {}})
-    return Catalog(AppConfig.model_validate({"models": models}), retry_after_s=1)
+    return Catalog(AppConfig.model_validate({"models": models}), retry_after_s=1,
+                   spawn=(spawned if spawned is not None else []).append)
 
 
 def load(catalog: Catalog, owner: str, name: str, folder, tenant: Tenant = ANYONE, **more):
@@ -141,13 +144,15 @@ async def test_a_tenant_loads_within_its_count_and_its_roots(home):
 
 @in_a_loop
 async def test_an_adapter_with_a_request_in_flight_is_not_unloaded(home):
-    catalog = catalog_of(home)
+    spawned = []
+    catalog = catalog_of(home, spawned=spawned)
     served = await load(catalog, "acme", "mine", home / "adapters/r8")
     release = await catalog.lease(served)
     unload = UnloadAdapterRequest(lora_name="mine")
     assert await refused(catalog.unload("acme", ANYONE, unload)) == (409, "adapter_in_use")
     release()
-    await next(iter(catalog.leases))  # the release, sent
+    (sent,) = spawned
+    await sent
     await catalog.unload("acme", ANYONE, unload)
 
 
