@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 # vLLM's executors: its worker processes beside the replica (one node), or Ray actors placed
-# in the replica's placement group, on as many nodes as its bundles span.
-MULTIPROCESS, RAY = "mp", "ray"
+# in the replica's placement group, on as many nodes as its bundles span; or one worker inside
+# vLLM's engine-core process.
+MULTIPROCESS, RAY, UNIPROCESS = "mp", "ray", "uni"
 # vLLM's CPU workers' cores, rank by rank: "0-7|8-15".
 CPU_BINDING = "VLLM_CPU_OMP_THREADS_BIND"
 
@@ -71,20 +72,23 @@ def uses_gpus(worker_options: dict[str, Any]) -> bool:
 
 def executor_backend(parallelism: Parallelism, worker_options: dict[str, Any],
                      chosen: str | None) -> str | None:
-    """vLLM's executor for the replica's workers: none for one worker (vLLM's own in-process
-    one); the one `chosen` if any; else the multiprocess executor, whose workers are the
-    replica's own processes on its node, for tensor parallelism and on CPUs (vLLM's CPU
-    platform has no Ray executor), and the Ray executor for pipeline stages on GPUs, which
-    may spill to other nodes."""
+    """vLLM's executor for the replica's workers: for one worker, `uni` if chosen, else none
+    (vLLM's default: a worker process of its own on CPUs); the one `chosen` if any; else the
+    multiprocess executor, whose workers are the replica's own processes on its node, for
+    tensor parallelism and on CPUs (vLLM's CPU platform has no Ray executor), and the Ray
+    executor for pipeline stages on GPUs, which may spill to other nodes."""
     if parallelism.workers == 1:
-        return None
+        return UNIPROCESS if chosen == UNIPROCESS else None
     if chosen is not None:
         return chosen
     spans_nodes = parallelism.pipeline > 1 and uses_gpus(worker_options)
     return RAY if spans_nodes else MULTIPROCESS
 
 
-def check_backend(backend: str | None, worker_options: dict[str, Any]) -> None:
+def check_backend(backend: str | None, parallelism: Parallelism, worker_options: dict[str, Any]) -> None:
+    if backend == UNIPROCESS and parallelism.workers > 1:
+        raise ValueError(f"distributed_executor_backend 'uni' runs one worker, not {parallelism.workers} "
+                         "(tensor_parallel_size x pipeline_parallel_size): use 'mp' or 'ray'")
     if backend == RAY and not uses_gpus(worker_options):
         raise ValueError("distributed_executor_backend 'ray' needs GPUs (ray_actor_options.num_gpus): "
                          "vLLM's CPU platform runs its workers with the multiprocess executor only")

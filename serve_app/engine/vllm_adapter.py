@@ -22,7 +22,7 @@ from serve_app.engine.wire import (
 )
 from serve_app.observe.metrics import EngineRequestStats
 from serve_app.observe.request_log import separate_logger
-from serve_app.parallel import CPU_BINDING, RAY, cpu_binding, uses_gpus
+from serve_app.parallel import CPU_BINDING, RAY, UNIPROCESS, cpu_binding, uses_gpus
 from serve_app.store.home import apply_cache_environment
 
 
@@ -38,7 +38,15 @@ def prepare_process(model: ModelConfig) -> None:
     # are taken before sampling: torch's sampler does it with nothing to compile.
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     bind_cpu_workers(model)
+    compute_in_the_engine_core(model)
     log_vllm_beside_serve()
+
+
+def compute_in_the_engine_core(model: ModelConfig) -> None:
+    """`uni`: vLLM's CPU platform swaps it for its multiprocess executor unless told that the
+    engine itself may skip processes (its front end keeps the engine-core process)."""
+    if model.executor_backend() == UNIPROCESS:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 
 def bind_cpu_workers(model: ModelConfig) -> None:

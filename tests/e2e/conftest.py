@@ -51,6 +51,10 @@ MAX_SCORED = 320  # a prompt of two KV blocks and more, echoed whole (test_prefi
 # so 256 MiB holds 11,000. vLLM allocates it all at start, and the session's engines, with
 # the tests' own, would otherwise fill this machine's memory and evict its page cache.
 TINY_KV_GIB, SMOLLM2_KV_GIB = 1 / 16, 1 / 4
+# The tiny models compute in vLLM's engine-core process: a process fewer each, whose start
+# and idle polling the suite's engines would otherwise pay; SmolLM2 keeps the CPU default, a
+# worker process of its own (deployments/local.yaml's).
+IN_ENGINE_CORE = {"distributed_executor_backend": "uni"}
 BATCH_MAX_FILE_BYTES = 1 << 20
 # Background prompts on the main model go a window at a time even with no online request
 # about (its tests count the windows); on the others, whole after a second of no online one.
@@ -84,7 +88,7 @@ LORA = {name: {"max_lora_rank": 16, "max_loras": 2, "adapters": adapters}
         for name, adapters in SERVED_ADAPTERS.items()}
 CONFIG = {
     "models": [{"name": name, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.5},
-                "lora": LORA[name],
+                "lora": LORA[name], **IN_ENGINE_CORE,
                 "cpu_kv_cache_gib": TINY_KV_GIB,
                 "full_vocab_window": FULL_VOCAB_WINDOW,
                 "kv_block_size": KV_BLOCKS[name],
@@ -94,7 +98,7 @@ CONFIG = {
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": TINY_SIBLING, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.1},
-        "cpu_kv_cache_gib": TINY_KV_GIB}]
+        "cpu_kv_cache_gib": TINY_KV_GIB, **IN_ENGINE_CORE}]
     + [{"name": name, "path": str(embedded_model_path(TINY)), "capabilities": CAPABILITIES,
         "ray_actor_options": {"num_cpus": 0.1}, "cpu_kv_cache_gib": TINY_KV_GIB,
         "full_vocab_window": FULL_VOCAB_WINDOW, "kv_block_size": KV_BLOCKS[name],

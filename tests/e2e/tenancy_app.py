@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import time
 
+import httpx
 import pytest
 from ray import serve
 
@@ -14,7 +15,7 @@ from serve_app.store.adapter_store import adapter_name, adapter_path
 from serve_app.store.model_store import TINY, TINY_BOS
 from serve_app.tenants import keyring
 from serve_app.tenants.keyring import KeyFile, Tenant, TenantCaps, TenantLimits
-from tests.e2e.conftest import TINY_KV_GIB, free_port
+from tests.e2e.conftest import IN_ENGINE_CORE, TINY_KV_GIB, free_port
 from tests.e2e.inspected_replica import INSPECTED_REPLICA
 
 APP, PREFIX = "tenancy", "/tenancy"
@@ -83,7 +84,7 @@ def keys(tmp_path_factory):
 @pytest.fixture(scope="session")
 def app_args(redis_server, keys, tmp_path_factory) -> dict:
     tiny = {"capabilities": {"max_logprobs": 5, "max_model_len": 512}, "cpu_kv_cache_gib": TINY_KV_GIB,
-            "ray_actor_options": {"num_cpus": 0.01}}
+            "ray_actor_options": {"num_cpus": 0.01}, **IN_ENGINE_CORE}
     # The second model is only listed and refused here, never sent to: scaled to zero, it
     # costs no engine.
     idle = {"autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
@@ -101,15 +102,25 @@ def app_args(redis_server, keys, tmp_path_factory) -> dict:
     return args
 
 
-def deploy(app_args: dict) -> None:
-    """The application, on the replica the tests inspect (tests/e2e/inspected_replica.py)."""
+def deploy(app_args: dict, url: str) -> None:
+    """The application, on the replica the tests inspect (tests/e2e/inspected_replica.py),
+    once both ingress replicas count the model's replica: `serve.run` returns as soon as the
+    controller has it running, and an ingress replica that counted none a moment before still
+    refuses it for up to a second (serve_app.front.replica_client.check_started)."""
     serve.run(build_app(app_args, INSPECTED_REPLICA), name=APP, route_prefix=PREFIX)
+    deadline, ready_in_a_row = time.monotonic() + 60, 0
+    while ready_in_a_row < 2 * INGRESS_REPLICAS:
+        assert time.monotonic() < deadline, "an ingress replica never counted the model's replica"
+        ready = httpx.get(f"{url}/health", params={"model": TINY}).status_code == 200
+        ready_in_a_row = ready_in_a_row + 1 if ready else 0
+        time.sleep(0.25)
 
 
 @pytest.fixture(scope="session")
 def tenancy_url(base_url, app_args):
-    deploy(app_args)
-    yield f"{base_url}{PREFIX}"
+    url = f"{base_url}{PREFIX}"
+    deploy(app_args, url)
+    yield url
     serve.delete(APP)
 
 

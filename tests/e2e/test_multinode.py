@@ -18,7 +18,7 @@ import yaml
 
 from serve_app.ops.local_ray import APP_NAME, ray_environment
 from serve_app.store.home import apply_cache_environment
-from tests.e2e.conftest import MODEL, TINY_KV_GIB, free_port
+from tests.e2e.conftest import IN_ENGINE_CORE, MODEL, TINY_KV_GIB, free_port
 from tests.e2e.ray_cluster import RayNode, node_options
 from tests.e2e.waiting import poll_until
 
@@ -43,6 +43,7 @@ def serve_config(port: int) -> dict:
                           "args": {
                               "models": [{"name": MODEL, "capabilities": {"max_model_len": 512},
                                           "health_check_period_s": 2, "cpu_kv_cache_gib": TINY_KV_GIB,
+                                          **IN_ENGINE_CORE,
                                           "ray_actor_options": {"num_cpus": 0.5, "resources": MODEL_GROUP}}],
                               "ingress": {"ray_actor_options": on_cpu_group},
                               "serializer_pool": {"ray_actor_options": on_cpu_group},

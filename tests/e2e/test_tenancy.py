@@ -477,7 +477,7 @@ def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url,
     loaded(url, beta, adapter, adapter_path(adapter_name(TINY, 8)))
     before = echo_logprobs(url, beta, adapter)
     serve.delete(APP)
-    deploy(app_args)
+    deploy(app_args, url)
     redeployed_at = int(time.time())
     assert echo_logprobs(url, beta, adapter) == pytest.approx(before, abs=TOLERANCE)
     assert unload_adapter(url, beta, adapter).status_code == 200

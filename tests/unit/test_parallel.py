@@ -2,12 +2,22 @@
 executor chosen, the placement group its replica reserves, the cores each CPU worker gets."""
 
 import json
+import os
 
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import AppConfig, model_deployment_name
-from serve_app.parallel import MULTIPROCESS, RAY, Parallelism, cpu_binding, executor_backend, placement
+from serve_app.config import AppConfig, ModelConfig, model_deployment_name
+from serve_app.engine.vllm_adapter import compute_in_the_engine_core
+from serve_app.parallel import (
+    MULTIPROCESS,
+    RAY,
+    UNIPROCESS,
+    Parallelism,
+    cpu_binding,
+    executor_backend,
+    placement,
+)
 from serve_app.store.model_store import TINY, embedded_model_path
 from tests.unit.test_deployments import deployments
 
@@ -62,9 +72,24 @@ def test_the_application_refuses_a_layout_the_model_cannot_take():
     (1, 2, CPU_WORKER, None, MULTIPROCESS),
     (8, 1, GPU_WORKER, RAY, RAY),
     (4, 2, GPU_WORKER, MULTIPROCESS, MULTIPROCESS),
+    (1, 1, CPU_WORKER, UNIPROCESS, UNIPROCESS),
+    (1, 1, CPU_WORKER, MULTIPROCESS, None),
 ])
 def test_the_executor(tensor, pipeline, worker, chosen, backend):
     assert executor_backend(Parallelism(tensor, pipeline), worker, chosen) == backend
+
+
+def test_the_engine_core_process_runs_one_worker_only():
+    with pytest.raises(ValidationError, match="'uni' runs one worker, not 2"):
+        AppConfig(models=[{"name": TINY, "pipeline_parallel_size": 2, "distributed_executor_backend": "uni"}])
+
+
+def test_a_model_in_the_engine_core_process_tells_vllm_s_cpu_platform_so(monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    compute_in_the_engine_core(ModelConfig(name=TINY))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    compute_in_the_engine_core(ModelConfig(name=TINY, distributed_executor_backend=UNIPROCESS))
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_the_ray_executor_needs_gpus():
