@@ -12,7 +12,9 @@ def process_role(command_line: str) -> str:
     """What a server's process is, from its command line (Ray and vLLM name their processes)."""
     if deployment := re.search(r"ServeReplica:[^:\s]+:(\S+)", command_line):
         return re.sub(r"\.[A-Za-z_]\w*$", "", deployment[1])  # Ray adds the running method
-    for mark, role in (("ProxyActor", "Serve proxy"), ("haproxy", "HAProxy"),
+    for mark, role in (("ProxyActor", "Serve proxy"), ("HAProxyManager", "HAProxy manager"),
+                       ("haproxy", "HAProxy"), ("ServeController", "Serve controller"),
+                       ("DashboardAgent", "Ray metrics agent"),
                        ("EngineCore", "vLLM engine core"), ("RayWorkerWrapper", "vLLM worker"),
                        ("VLLM::Worker", "vLLM worker"), ("vllm.entrypoints", "vLLM API server")):
         if mark in command_line:

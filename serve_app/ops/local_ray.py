@@ -39,7 +39,14 @@ SAME_LOOP = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 # store, and a second's worth waited there, dead, and grew the store's pages (which it keeps)
 # by 190 MiB (docs/benchmarks.md#shipped-settings-measured).
 FREE_PERIOD = "RAY_free_objects_period_milliseconds"
-DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5", PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100"}
+# What an idle service polls: Serve's controller runs its loop every 0.5 s instead of 0.1 s
+# (each pass asks the GCS for the nodes), and each replica and each handle (the ingress holds
+# one per deployment) hands Serve's request counters to Ray's metrics every second instead of
+# every 100 ms; Ray exports them every 10 s anyway (docs/benchmarks.md#an-idle-service).
+CONTROL_LOOP = "RAY_SERVE_CONTROL_LOOP_INTERVAL_S"
+SERVE_METRICS_PERIOD = "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS"
+DEFAULTS = {HAPROXY: "1", DRAINING_PERIOD: "5", PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100",
+            CONTROL_LOOP: "0.5", SERVE_METRICS_PERIOD: "1000"}
 
 
 def ray_environment() -> dict[str, str]:

@@ -163,9 +163,11 @@ def metrics_url(base_url, metrics_port):
     return f"http://127.0.0.1:{metrics_port}/metrics"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prometheus(base_url, metrics_port, tmp_path_factory):
-    """A real Prometheus scraping the service (Debian's package, installed by `make test`)."""
+    """A real Prometheus scraping the service (Debian's package, installed by `make test`), for
+    the tests of one module: each scrape costs Ray's metrics agent 0.3-1 s of CPU to render
+    thousands of series, which every later test would pay for."""
     server = Prometheus(f"127.0.0.1:{metrics_port}", tmp_path_factory.mktemp("prometheus"), free_port())
     yield server
     server.stop()
@@ -174,6 +176,15 @@ def prometheus(base_url, metrics_port, tmp_path_factory):
 @pytest.fixture(scope="session")
 def http(base_url):
     with httpx.Client(base_url=base_url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def client(base_url):
+    """OpenAI's Python SDK on the service, unchanged (the Files and Batch APIs' tests)."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
         yield client
 
 

@@ -41,26 +41,50 @@ class TenantsInEngine(ModelReplica.func_or_class):
 class InspectedReplica(TenantsInEngine):
     async def __init__(self, *args, **kwargs):
         self.requests_received = 0
-        self.priorities = Counter()
+        self.priorities, self.priorities_now = Counter(), Counter()
         self.served = deque(maxlen=SERVED_KEPT)
         await super().__init__(*args, **kwargs)
+        self.totals = Counter()
+        served, scored = self.metrics.served, self.metrics.scored
+
+        def counted_served(stats, adapter: str) -> None:
+            served(stats, adapter)
+            self.totals["cache_read"] += stats.cached_tokens
+
+        def counted_scored(from_cache: int, from_engine: int, cache_bytes: int) -> None:
+            scored(from_cache, from_engine, cache_bytes)
+            self.totals["scored_from_cache"] += from_cache
+
+        self.metrics.served, self.metrics.scored = counted_served, counted_scored
 
     async def outputs(self, request, stream: bool):
         self.requests_received += 1
         self.priorities[request.priority] += 1
+        self.priorities_now[request.priority] += 1
         first = True
-        async for output in super().outputs(request, stream):
-            if first:  # the engine reports its cache reads with the prefill's output
-                self.served.append((request.tenant, request.prompt_token_ids[:PROMPT_KEPT],
-                                    output.num_cached_tokens or 0))
-                first = False
-            yield output
+        try:
+            async for output in super().outputs(request, stream):
+                if first:  # the engine reports its cache reads with the prefill's output
+                    self.served.append((request.tenant, request.prompt_token_ids[:PROMPT_KEPT],
+                                        output.num_cached_tokens or 0))
+                    first = False
+                yield output
+        finally:
+            self.priorities_now[request.priority] -= 1
 
     def cache_reads(self, prompt_start: list[int]) -> list[tuple[str, int]]:
         """The tenant and the prefix-cache tokens read of each engine request, in order, whose
         prompt begins with these ids (at most PROMPT_KEPT)."""
         return [(tenant, cached) for tenant, start, cached in self.served
                 if start[:len(prompt_start)] == prompt_start]
+
+    def counted(self) -> dict[str, int]:
+        """Since the replica started serving, the tokens its engine read from the prefix cache
+        and the positions it served from the scored-prefix cache: what it adds to the exported
+        counters (probserve_prefix_cache_read_tokens_total, probserve_scored_positions_total
+        {source="cache"}), counted before an answer leaves, where Ray's export lags by up to a
+        report interval (test_metrics.py checks the export)."""
+        return dict(self.totals)
 
     def request_count(self) -> int:
         """Engine requests this replica has received (warm-up and self-checks included): the
@@ -70,6 +94,10 @@ class InspectedReplica(TenantsInEngine):
     def requests_by_priority(self) -> dict[int, int]:
         """Engine requests received at each scheduling priority."""
         return dict(self.priorities)
+
+    def under_way_at(self, priority: int) -> int:
+        """Engine requests of this scheduling priority under way now."""
+        return self.priorities_now[priority]
 
     def unfinished_requests(self) -> int:
         """Requests the engine holds (running or waiting): a client that leaves must not

@@ -27,7 +27,7 @@ from tests.e2e.test_batch import request_line, results, run_batch
 from tests.e2e.test_conversation_scoring import CONVERSATION, span_of
 from tests.e2e.test_full_vocab import npy_records
 from tests.e2e.test_parallel import full_vocab_rows
-from tests.e2e.test_prefix_reuse import cache_reads, context_and_choices, reads_after, whole_blocks
+from tests.e2e.test_prefix_reuse import cache_reads, context_and_choices, read_since, whole_blocks
 
 ADAPTED = {adapter: family for family in FAMILIES for adapter in ADAPTERS[family]}
 TEXT = "A short note on the tides, and why they turn twice a day."
@@ -121,11 +121,11 @@ def test_the_full_vocabulary_as_json_and_npy_is_the_merged_model_s(http, merged,
 
 @pytest.mark.parametrize("adapter", ADAPTED)
 def test_a_span_after_its_context_reads_the_prefix_cache_and_scores_as_the_merged_model(
-        complete, merged, metrics_url, adapter):
+        complete, merged, adapter):
     family, reference = ADAPTED[adapter], merged[adapter]
     context, choices = context_and_choices(reference, family, seed=f"adapters/{adapter}")
     start = len(context)
-    before = cache_reads(metrics_url, family)
+    before = cache_reads(family)
     for choice in choices:
         ids = context + choice
         logprobs = complete(model=adapter, prompt=ids, max_tokens=1, temperature=0, logprobs=TOP,
@@ -136,7 +136,7 @@ def test_a_span_after_its_context_reads_the_prefix_cache_and_scores_as_the_merge
         for position, (token, value) in enumerate(zip(choice, values, strict=True), start):
             assert value == pytest.approx(rows[position][token], abs=TOLERANCE)
     hit = whole_blocks(family, start - 1)
-    assert reads_after(metrics_url, family, before, (len(choices) - 1) * hit) == (len(choices) - 1) * hit
+    assert read_since(family, before, (len(choices) - 1) * hit) == (len(choices) - 1) * hit
 
 
 CHAT_ADAPTERS = [adapter for adapter, family in ADAPTED.items() if family != "tiny-sentencepiece"]

@@ -5,7 +5,6 @@ run; a file that fails its check fails the batch; a cancelled batch stops and ke
 did; the batch runner, or the model's engine, killed mid-batch, and every line still exactly
 once in the output."""
 
-import signal
 import time
 
 import httpx
@@ -22,23 +21,14 @@ from tests.e2e.conftest import (
     CONFIG,
     MAX_LOGPROBS,
     MODEL,
-    SMALL_QUEUE,
-    SMALL_QUEUE_MODEL,
 )
 from tests.e2e.reference import TOLERANCE
 from tests.e2e.same_answer import assert_same_choice, assert_same_choices
-from tests.e2e.test_faults import engine_core, wait_until_healthy
 from tests.e2e.test_online_first import BACKGROUND, requests_by_priority
 
 pytestmark = pytest.mark.e2e
 
 WAIT_S = 240
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def jsonl(lines: list[dict]) -> bytes:
@@ -239,24 +229,3 @@ def test_a_batch_survives_its_runner_killed_with_every_line_once(client, http):
     assert errors == {}
     assert batch.request_counts.model_dump() == {"total": count, "completed": count, "failed": 0}
     assert_answered_as_online(http, output, bodies, CONFIG["ingress"]["max_batch_prompts"])
-
-
-def test_a_batch_survives_its_model_s_engine_killed_with_every_line_once(client, http):
-    """The lines in flight get 503 `not_ready` while Ray Serve replaces the replica, and the
-    runner sends them again after the wait the refusal names; the small queue of this model
-    refuses some lines with 503 `overloaded` all along, retried the same way."""
-    count = 400  # a few seconds of lines, more than the second the record's counts may lag
-    bodies = long_lines(count, model=SMALL_QUEUE_MODEL)
-    batch_id = started_batch(client, bodies)
-    wait_for_progress(client, batch_id, 5)
-    # Lines are left when the engine dies: the batch must wait for the replica replacing it.
-    assert client.batches.retrieve(batch_id).status == "in_progress"
-    killed = time.monotonic()
-    engine_core().send_signal(signal.SIGKILL)
-    batch = finished(client, batch_id)
-    assert batch.status == "completed", batch
-    output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
-    assert errors == {}
-    wait_until_healthy(http, killed)
-    # This model takes two requests at once: two prompts a request, none refused.
-    assert_answered_as_online(http, output, bodies, SMALL_QUEUE["max_ongoing_requests"])

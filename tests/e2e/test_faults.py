@@ -1,6 +1,10 @@
-"""The vLLM engine killed mid-request: the request gets an enveloped 503, /health says that
-model is not ready while the others stay ready and serving, Ray Serve replaces the replica,
-and the model answers correctly again with nobody restarting anything."""
+"""The vLLM engine killed mid-request and mid-batch: the request gets an enveloped 503, /health
+says that model is not ready while the others stay ready and serving, Ray Serve replaces the
+replica, and the model answers correctly again with nobody restarting anything; the batch's
+lines in flight get 503 `not_ready` while the replica is replaced, and the runner sends them
+again after the wait the refusal names (the model's small queue refuses some lines with 503
+`overloaded` all along, retried the same way), so that each is once in the output, answered as
+online. One kill for both: a replacement engine takes a minute of these cores."""
 
 import signal
 import threading
@@ -10,9 +14,17 @@ import httpx
 import psutil
 from ray import serve
 
+from serve_app.engine.wire import ONLINE
 from serve_app.ops.app import model_deployment_name
 from serve_app.ops.local_ray import APP_NAME
-from tests.e2e.conftest import MAX_MODEL_LEN, MODEL, SMALL_QUEUE_MODEL
+from tests.e2e.conftest import MAX_MODEL_LEN, MODEL, SMALL_QUEUE, SMALL_QUEUE_MODEL
+from tests.e2e.test_batch import (
+    assert_answered_as_online,
+    finished,
+    long_lines,
+    results,
+    started_batch,
+)
 
 RECOVERY_LIMIT_S = 240
 
@@ -45,7 +57,14 @@ def wait_until_healthy(http, killed: float) -> None:
         time.sleep(0.5)
 
 
-def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
+def wait_for_status(client, batch_id: str, status: str) -> None:
+    deadline = time.monotonic() + 60
+    while client.batches.retrieve(batch_id).status != status:
+        assert time.monotonic() < deadline, f"the batch never reached {status!r}"
+        time.sleep(0.1)
+
+
+def test_a_dead_engine_is_replaced_and_its_batch_loses_no_line(base_url, http, client, references, capsys):
     reference = references[SMALL_QUEUE_MODEL]
     greedy = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 4,
               "temperature": 0, "logprobs": 0}
@@ -56,11 +75,20 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
         response=httpx.post(f"{base_url}/v1/completions", json=long, timeout=120)))
     sender.start()
     sent = time.monotonic()
-    while replica().unfinished_requests.remote().result() == 0:
+    while replica().under_way_at.remote(ONLINE).result() == 0:
         assert time.monotonic() - sent < 60, "the long request never reached the engine"
         time.sleep(0.05)
+    # The engine stopped where it is, the request in it, while a batch starts on the model: its
+    # first line waits in the engine beside the request, the next ones for a place or refused
+    # (the model takes two requests at once). Then the engine is killed.
+    engine = engine_core()
+    engine.send_signal(signal.SIGSTOP)
+    bodies = long_lines(400, model=SMALL_QUEUE_MODEL)
+    batch_id = started_batch(client, bodies)
+    wait_for_status(client, batch_id, "in_progress")
+    time.sleep(1)  # the runner sends its first lines
     killed = time.monotonic()
-    engine_core().send_signal(signal.SIGKILL)
+    engine.send_signal(signal.SIGKILL)
     sender.join(60)
 
     response = in_flight["response"]
@@ -76,7 +104,14 @@ def test_a_dead_engine_is_replaced(base_url, http, references, capsys):
     recovered = time.monotonic() - killed
     ids = reference.tokenizer.encode(greedy["prompt"])
     assert answer.json()["choices"][0]["logprobs"]["token_ids"] == reference.greedy(ids, 4)
+
+    batch = finished(client, batch_id)
+    assert batch.status == "completed", batch
+    output, errors = results(client, batch.output_file_id), results(client, batch.error_file_id)
+    assert errors == {}
     wait_until_healthy(http, killed)
     with capsys.disabled():
         print(f"\nengine killed: answering again after {recovered:.1f} s, healthy after "
               f"{time.monotonic() - killed:.1f} s")
+    # This model takes two requests at once: two prompts a request, none refused.
+    assert_answered_as_online(http, output, bodies, SMALL_QUEUE["max_ongoing_requests"])

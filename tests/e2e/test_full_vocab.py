@@ -25,7 +25,7 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.inspected_replica import PROMPT_KEPT
 from tests.e2e.reference import TOLERANCE, assert_rank
-from tests.e2e.test_prefix_reuse import cache_reads, reads_after
+from tests.e2e.test_prefix_reuse import cache_reads, read_since
 from tests.e2e.waiting import poll_until
 
 TEXT = "The capital of France is"
@@ -165,8 +165,7 @@ def random_prompt(reference, seed: str, length: int) -> list[int]:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, references, metrics_url,
-                                                                        family):
+def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, references, family):
     """300 tokens in windows of 128 positions: the second reads 128 tokens of the first from the
     KV cache, the third 256 (on blocks of 32, the first window is one block: the others read
     32, 128 and 256), in `.npy` on every family, and in JSON (both choices of n = 2, with the
@@ -174,7 +173,7 @@ def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, re
     reference = references[family]
     ids = random_prompt(reference, f"windows/{family}", FULL_VOCAB_MAX)
     rows = reference.prompt_rows(ids)
-    before = cache_reads(metrics_url, family)
+    before = cache_reads(family)
     _, records = npy_records(http, {"model": family, "prompt": ids, "max_tokens": 1, "prompt_logprobs": -1})
     assert records["position"].tolist() == list(range(len(ids))) and records["token_id"].tolist() == ids
     np.testing.assert_allclose(records["logprobs"][1:], rows[1:], atol=TOLERANCE)
@@ -182,7 +181,7 @@ def test_a_long_prompt_is_computed_in_windows_that_read_the_ones_before(http, re
         assert_windowed_json(http, family, ids, rows)
     starts = window_starts(1, len(ids) - 1, FULL_VOCAB_WINDOW, KV_BLOCKS[family])
     reads = (2 if family == MODEL else 1) * sum(start - 1 for start in starts[1:])
-    assert reads_after(metrics_url, family, before, reads) == reads
+    assert read_since(family, before, reads) == reads
 
 
 def assert_windowed_json(http, family: str, ids: list[int], rows: np.ndarray) -> None:

@@ -24,7 +24,7 @@ from tests.e2e.conftest import MODEL, SPLIT_MODELS
 from tests.e2e.test_batch import request_line, results, run_batch
 from tests.e2e.test_faults import RECOVERY_LIMIT_S, wait_until_healthy
 from tests.e2e.test_full_vocab import npy_records
-from tests.e2e.test_prefix_reuse import cache_reads, context_and_choices, reads_after, span, whole_blocks
+from tests.e2e.test_prefix_reuse import cache_reads, context_and_choices, read_since, span, whole_blocks
 
 # Two workers sum a layer's products in another order than one: within 1e-5, and 2e-6 of the
 # value's size for the full vocabulary's least likely tokens (a few float32 steps at -15).
@@ -123,13 +123,13 @@ def test_the_full_vocabulary_as_json_and_npy_is_the_one_worker_engine_s(http, sp
 
 @pytest.mark.parametrize("split", SPLIT_MODELS)
 def test_a_span_after_its_context_reads_the_prefix_cache_and_scores_as_one_worker(
-        complete, reference, metrics_url, split):
+        complete, reference, split):
     context, choices = context_and_choices(reference, split, seed=f"parallel/{split}")
     start, labels = len(context), {"logprob_token_ids": [10, 11, 12]}
-    before = cache_reads(metrics_url, split)
+    before = cache_reads(split)
     spans = [span(complete, split, context + choice, start, **labels) for choice in choices]
     hit = whole_blocks(split, start - 1)
-    assert reads_after(metrics_url, split, before, (len(choices) - 1) * hit) == (len(choices) - 1) * hit
+    assert read_since(split, before, (len(choices) - 1) * hit) == (len(choices) - 1) * hit
     for choice, scored in zip(choices, spans, strict=True):
         assert scored["token_ids"] == choice
         assert_same_answer(scored, span(complete, MODEL, context + choice, start, **labels))
@@ -145,14 +145,6 @@ def test_a_scored_conversation_is_the_one_worker_engine_s(http, split):
                               max_tokens=1, temperature=0, score_final_message=True, top_logprobs=3)
     assert len(answer["final_message_logprobs"]["content"]) > 3
     assert_same_answer(answer, one_worker)
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    import openai
-
-    with openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
 
 
 def test_a_batch_line_on_each_split_model_is_the_one_worker_engine_s(client, http):
@@ -217,7 +209,10 @@ def test_a_rank_killed_under_load_takes_its_replica_down_whole_and_a_new_one_ans
             assert answer.json()["error"]["code"] == "not_ready" and answer.headers["retry-after"]
     health = http.get("/health").json()
     assert health["models"][split] != "ready" and health["models"][MODEL] == "ready"
-    while (answer := http.post("/v1/completions", json={**greedy, "model": split})).status_code != 200:
+    # A model scaled to zero while unused: a request waits for the replica Ray Serve starts (as
+    # long as an engine of two workers takes to start beside the suite: past the client's 120 s).
+    while (answer := http.post("/v1/completions", json={**greedy, "model": split},
+                               timeout=RECOVERY_LIMIT_S)).status_code != 200:
         assert answer.status_code == 503 and answer.json()["error"]["code"] in ("not_ready", "overloaded")
         assert time.monotonic() - killed < RECOVERY_LIMIT_S, "never replaced"
         time.sleep(0.5)

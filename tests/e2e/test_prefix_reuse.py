@@ -1,22 +1,25 @@
 """Scored spans read the prefix cache: the choices of one context, each scored from its own
 start (as an evaluation suite sends them), read the context from vLLM's prefix cache after the
-first, never past the position that scores the span's first token (the replicas' exported
-count of tokens read says how many), and answer what the same span answers computed without
-the cache and what the reference computes; on every tokenizer family, with a top-k and with
-labels."""
+first, never past the position that scores the span's first token (the replica's count of
+tokens read says how many: tests/e2e/inspected_replica.py), and answer what the same span
+answers computed without the cache and what the reference computes; on every tokenizer
+family, with a top-k and with labels."""
 
 import random
 import re
 import time
+from collections import Counter
 
 import httpx
 import numpy as np
 import pytest
+from ray import serve
 
-from serve_app.config import ScoredCacheConfig
+from serve_app.config import ScoredCacheConfig, model_deployment_name
+from serve_app.ops.local_ray import APP_NAME
 from tests.e2e.conftest import FAMILIES, KV_BLOCKS, SMALL_CACHE_BYTES, SMALL_CACHE_MODEL, SMALL_QUEUE_MODEL
 from tests.e2e.reference import TOLERANCE
-from tests.e2e.waiting import REPORT_S, SETTLE_S, settled_reading
+from tests.e2e.waiting import REPORT_S, read_until, settled_reading
 
 CHOICES = 4
 # Each request scores its span with a top-k or with labels; echoed whole (every row needed),
@@ -24,8 +27,6 @@ CHOICES = 4
 SCORES = {"top-k": {"logprobs": 5}, "labels": {"logprob_token_ids": [10, 11, 12]}}
 
 
-KV_READS = "probserve_prefix_cache_read_tokens_total"
-SCORED_SERVED = "probserve_scored_positions_total"  # source="cache"
 SCORED_BYTES = "probserve_scored_cache_bytes"
 
 
@@ -45,26 +46,6 @@ def exported(metrics_url: str, metric: str, model: str, application: str = "prob
     return sum(exported_series(metrics_url, metric, model, application).values())
 
 
-def grown(metrics_url: str, metric: str, model: str, before: float, expected: int,
-          application: str = "probserve") -> float:
-    """How much the counter grew since `before`, once it grew by `expected` (or SETTLE_S
-    passed) and one more of Ray's reports (every 2 s) brought nothing more."""
-    deadline = time.monotonic() + SETTLE_S
-    def now() -> float:
-        return exported(metrics_url, metric, model, application) - before
-
-    while now() < expected and time.monotonic() < deadline:
-        time.sleep(1)
-    time.sleep(REPORT_S)
-    return now()
-
-
-def settled(metrics_url: str, metric: str, model: str) -> float:
-    """The counter once one more of Ray's reports brought nothing new: the counts of the test
-    before may still be on their way when a test reads where it starts from."""
-    return settled_reading(lambda: exported(metrics_url, metric, model))
-
-
 def settled_series(metrics_url: str, metric: str, model: str) -> dict[str, float]:
     """The counter by series (exported_series) once one more of Ray's reports brought nothing new."""
     return settled_reading(lambda: exported_series(metrics_url, metric, model))
@@ -76,12 +57,22 @@ def growth(before: dict[str, float], after: dict[str, float]) -> float:
     return sum(value - before.get(series, 0.0) for series, value in after.items())
 
 
-def cache_reads(metrics_url: str, model: str) -> float:
-    return settled(metrics_url, KV_READS, model)
+def counted(model: str, application: str = APP_NAME) -> dict[str, int]:
+    """The model's replica's totals of cache reads (InspectedReplica.counted)."""
+    handle = serve.get_deployment_handle(model_deployment_name(model), app_name=application)
+    return Counter(handle.counted.remote().result())
 
 
-def reads_after(metrics_url: str, model: str, before: float, expected: int) -> float:
-    return grown(metrics_url, KV_READS, model, before, expected)
+def cache_reads(model: str) -> int:
+    """Tokens the model's engine has read from its prefix cache."""
+    return counted(model)["cache_read"]
+
+
+def read_since(model: str, before: int, expected: int) -> int:
+    """Tokens read since `before`, once `expected` were (a stream's last engine request counts
+    its reads as its generator ends, a moment after the body's last byte) or 10 s passed."""
+    return read_until(lambda: cache_reads(model) - before, lambda read: read >= expected, 10,
+                      "the cache reads", pause_s=0.05)
 
 
 def context_and_choices(reference, family: str, seed: str,
@@ -132,13 +123,13 @@ def assert_same_span(cached: dict, uncached: dict) -> None:
 
 @pytest.mark.parametrize("scores", SCORES)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
-        complete, references, metrics_url, family, scores):
+def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(complete, references, family,
+                                                                         scores):
     reference, fields = references[family], SCORES[scores]
     context, choices = context_and_choices(reference, family, seed=f"{family}/{scores}")
     start = len(context)
     hit = whole_blocks(family, start - 1)  # the cut: positions before start - 1
-    before = cache_reads(metrics_url, family)
+    before = cache_reads(family)
     for choice in choices:
         ids = context + choice
         cached = span(complete, family, ids, start, **fields)
@@ -148,7 +139,7 @@ def test_choices_of_one_context_read_it_from_the_cache_and_score_exactly(
                                    [rows[p][ids[p]] for p in range(start, len(ids))], atol=TOLERANCE)
         assert_same_span(cached, echoed_from(complete, family, ids, start, **fields))
     # Each choice after the first read the hit; the echoed ones, computed whole, read nothing.
-    assert reads_after(metrics_url, family, before, (CHOICES - 1) * hit) == (CHOICES - 1) * hit
+    assert read_since(family, before, (CHOICES - 1) * hit) == (CHOICES - 1) * hit
 
 
 # Sent together as a span (each follower reads the context's first block from the KV cache,
@@ -159,7 +150,7 @@ TOGETHER = {"span": 0, "echo": 50}
 
 @pytest.mark.parametrize("form", TOGETHER)
 @pytest.mark.parametrize("family", [family for family in FAMILIES if family != SMALL_QUEUE_MODEL])
-def test_choices_sent_together_compute_their_context_once(complete, references, metrics_url, family, form):
+def test_choices_sent_together_compute_their_context_once(complete, references, family, form):
     """One batch of the four choices: the ingress sends its prompts to the engine at once, and
     the three that find the first computing their context wait for it, then read it. (Not on
     the model whose queue the overload tests keep at two in flight and two waiting.)"""
@@ -169,11 +160,11 @@ def test_choices_sent_together_compute_their_context_once(complete, references, 
     start = len(context)
     fields = {"logprob_start_len": start} if form == "span" else {"echo": True}
     read = whole_blocks(family, start - 1)
-    before = cache_reads(metrics_url, family)
+    before = cache_reads(family)
     answer = complete(model=family, prompt=[context + choice for choice in choices], max_tokens=1,
                       temperature=0, logprobs=1, **fields)
     hits = (CHOICES - 1) * read
-    assert reads_after(metrics_url, family, before, hits) == hits
+    assert read_since(family, before, hits) == hits
     first = 0 if form == "span" else start
     for choice, answered in zip(choices, sorted(answer["choices"], key=lambda c: c["index"]), strict=True):
         ids = context + choice
@@ -212,15 +203,14 @@ def assert_same_rows(cached: dict, uncached: dict, length: int) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
-        complete, references, metrics_url, family):
+def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(complete, references, family):
     """Every shape a harness sends (and n > 1), for each choice of one context: the first
     request computes the context, every later one (of any shape) gets its rows from the
     scored cache."""
     reference = references[family]
     context, choices = context_and_choices(reference, family, seed=f"{family}/harness", extra=50)
     known = whole_blocks(family, len(context) - 1)  # rows 1..256 on blocks of 128
-    before = {metric: settled(metrics_url, metric, family) for metric in (SCORED_SERVED, KV_READS)}
+    before = counted(family)
     for choice in choices:
         ids = context + choice
         rows = reference.prompt_rows(ids)
@@ -236,9 +226,9 @@ def test_an_evaluation_harness_gets_the_contexts_rows_from_the_scored_cache(
                                                [rows[p][ids[p]] for p in range(1, len(ids))], atol=TOLERANCE)
     # Every request after the first got the context's rows from the scored cache and read their
     # blocks from the KV cache; the wider ones, computed whole, neither.
-    served = (CHOICES * len(HARNESS) - 1) * known
-    for metric, start in before.items():
-        assert grown(metrics_url, metric, family, start, served) == served
+    served, after = (CHOICES * len(HARNESS) - 1) * known, counted(family)
+    for total in ("scored_from_cache", "cache_read"):
+        assert after[total] - before[total] == served, total
 
 
 def test_a_flood_of_distinct_prefixes_keeps_the_byte_bound_and_the_answers_right(complete, references,
@@ -263,6 +253,6 @@ def test_a_flood_of_distinct_prefixes_keeps_the_byte_bound_and_the_answers_right
     held = exported(metrics_url, SCORED_BYTES, SMALL_CACHE_MODEL)
     assert 0 < held <= SMALL_CACHE_BYTES
     for ids, served in ((contexts[-1], 2 * KV_BLOCKS[SMALL_CACHE_MODEL]), (contexts[0], 0)):
-        before = exported(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL)
+        before = counted(SMALL_CACHE_MODEL)["scored_from_cache"]
         echoed(ids)
-        assert grown(metrics_url, SCORED_SERVED, SMALL_CACHE_MODEL, before, served) == served
+        assert counted(SMALL_CACHE_MODEL)["scored_from_cache"] - before == served

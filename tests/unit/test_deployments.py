@@ -9,6 +9,7 @@ from serve_app.config import AppConfig, model_deployment_name
 from serve_app.ops.app import build_app
 from serve_app.ops.cli import serve_config
 from serve_app.ops.local_ray import (
+    CONTROL_LOOP,
     DEFAULTS,
     DRAINING_PERIOD,
     FREE_PERIOD,
@@ -16,6 +17,7 @@ from serve_app.ops.local_ray import (
     PROXY_CALLBACK,
     PROXY_CHECK_PERIOD,
     SAME_LOOP,
+    SERVE_METRICS_PERIOD,
     logical_resources,
     ray_environment,
 )
@@ -98,9 +100,10 @@ def test_nodes_start_with_haproxy_unless_the_environment_keeps_the_python_proxy(
     for key in DEFAULTS:
         monkeypatch.delenv(key, raising=False)
     assert ray_environment() == {**PROXY_CALLBACK, HAPROXY: "1", DRAINING_PERIOD: "5",
-                                 PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100"}
+                                 PROXY_CHECK_PERIOD: "2", SAME_LOOP: "0", FREE_PERIOD: "100",
+                                 CONTROL_LOOP: "0.5", SERVE_METRICS_PERIOD: "1000"}
     chosen = {HAPROXY: "0", DRAINING_PERIOD: "30", PROXY_CHECK_PERIOD: "10", SAME_LOOP: "1",
-              FREE_PERIOD: "1000"}
+              FREE_PERIOD: "1000", CONTROL_LOOP: "0.1", SERVE_METRICS_PERIOD: "100"}
     for key, value in chosen.items():
         monkeypatch.setenv(key, value)
     assert ray_environment() == {**PROXY_CALLBACK, **chosen}

@@ -11,9 +11,11 @@ Each module runs in one process:
 - scheduler: in vLLM's engine core process, the scheduler's (item 3).
 - front_end: in vLLM's front end, AsyncLLM in the replica's process (items 2, 5, 7).
 - replica_start: in the replica's process, around its engine's start (item 8, self-checks).
+- gloo: in each process that joins torch.distributed, vLLM's workers (item 12).
 Ray Serve's items 6 and 9 are serve_app.front.replica_router's.
 """
 
+from serve_app.engine.vllm_fence.gloo import one_gloo_device_per_process
 from serve_app.engine.vllm_fence.scheduler import read_prefix_cache_up_to_limits
 from serve_app.engine.vllm_fence.worker import (
     gather_marked_prompt_rows,
@@ -31,3 +33,4 @@ def register() -> None:
     keep_top_k_beside_labels()
     make_stage_inputs_when_first_needed()
     no_adapter_for_tokens_of_none()
+    one_gloo_device_per_process()

@@ -100,6 +100,17 @@ LoRA adapters (serve_app.adapters), in the worker processes:
    computed with the last adapter (log-probabilities off by up to 4.6; vLLM's GPU kernels skip
    slot -1). The shrink's rows of such tokens are made zero, so the expand adds nothing to
    them and their numbers are the base model's bit for bit.
+
+torch's, where vLLM joins torch.distributed (serve_app.engine.vllm_fence.gloo):
+
+12. One gloo device per process: torch gives each gloo group a device whose thread polls every
+   10 ms, and vLLM makes about a dozen groups per worker (1.3 CPU-seconds a minute of an idle
+   engine). `torch.distributed.distributed_c10d.ProcessGroupGloo`, which torch's
+   `_new_process_group_helper` and vLLM's `init_gloo_process_group` construct as
+   `(store, rank, size, timeout=...)`, is subclassed to pass the process's shared devices in
+   its options (`_Options._devices`, `_timeout`, `_threads`, torch's private names). torch is
+   pinned by the vLLM build; tests/unit/test_fence_gloo.py checks both constructions and the
+   options against the installed torch and vLLM.
 """
 
 import importlib
