@@ -25,6 +25,7 @@ from tests.e2e.test_batch import (
     results,
     started_batch,
 )
+from tests.e2e.waiting import poll_until
 
 RECOVERY_LIMIT_S = 240
 
@@ -57,13 +58,6 @@ def wait_until_healthy(http, killed: float) -> None:
         time.sleep(0.5)
 
 
-def wait_for_status(client, batch_id: str, status: str) -> None:
-    deadline = time.monotonic() + 60
-    while client.batches.retrieve(batch_id).status != status:
-        assert time.monotonic() < deadline, f"the batch never reached {status!r}"
-        time.sleep(0.1)
-
-
 def test_a_dead_engine_is_replaced_and_its_batch_loses_no_line(base_url, http, client, references, capsys):
     reference = references[SMALL_QUEUE_MODEL]
     greedy = {"model": SMALL_QUEUE_MODEL, "prompt": "The capital of France is", "max_tokens": 4,
@@ -85,7 +79,7 @@ def test_a_dead_engine_is_replaced_and_its_batch_loses_no_line(base_url, http, c
     engine.send_signal(signal.SIGSTOP)
     bodies = long_lines(400, model=SMALL_QUEUE_MODEL)
     batch_id = started_batch(client, bodies)
-    wait_for_status(client, batch_id, "in_progress")
+    poll_until(lambda: client.batches.retrieve(batch_id).status == "in_progress", 60, "the batch in progress")
     time.sleep(1)  # the runner sends its first lines
     killed = time.monotonic()
     engine.send_signal(signal.SIGKILL)

@@ -70,7 +70,8 @@ def cache_reads(model: str) -> int:
 
 def read_since(model: str, before: int, expected: int) -> int:
     """Tokens read since `before`, once `expected` were (a stream's last engine request counts
-    its reads as its generator ends, a moment after the body's last byte) or 10 s passed."""
+    its reads as its generator ends, a moment after the body's last byte); the test fails if
+    fewer were within 10 s."""
     return read_until(lambda: cache_reads(model) - before, lambda read: read >= expected, 10,
                       "the cache reads", pause_s=0.05)
 
