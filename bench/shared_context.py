@@ -53,10 +53,10 @@ WORDS = ("river mountain lantern harvest engine orbit violet copper meadow signa
          "quartz summit garden number letter window morning silver forest planet").split()
 
 
-def questions(tokenizer, scenario: str, count: int) -> list[tuple[list[int], list[list[int]]]]:
-    """`count` contexts of the scenario's length, each with its choices."""
+def questions(tokenizer, scenario: str, count: int, seed: int = 0) -> list[tuple[list[int], list[list[int]]]]:
+    """`count` contexts of the scenario's length, each with its choices (other seeds, others)."""
     tokens, choices, (fewest, most) = SCENARIOS[scenario]
-    rng = random.Random(0)
+    rng = random.Random(seed)
 
     def words(count: int) -> str:
         return " ".join(rng.choice(WORDS) for _ in range(count))
@@ -70,9 +70,9 @@ def questions(tokenizer, scenario: str, count: int) -> list[tuple[list[int], lis
     return made
 
 
-def body(form: str, context: list[int], choice: list[int]) -> dict:
+def body(form: str, context: list[int], choice: list[int], model: str = SMOLLM2) -> dict:
     fields = {"echo": True} if form == "harness" else {"logprob_start_len": len(context)}
-    return {"model": SMOLLM2, "prompt": context + choice, "max_tokens": 1, "logprobs": 1,
+    return {"model": model, "prompt": context + choice, "max_tokens": 1, "logprobs": 1,
             "temperature": 0, **fields}
 
 
@@ -82,7 +82,7 @@ def choice_logprobs(form: str, answer: dict, context: list[int], choice: list[in
     return logprobs[first:first + len(choice)]
 
 
-async def run(url: str, form: str, work: list) -> tuple[float, list[list[float]]]:
+async def run(url: str, form: str, work: list, model: str = SMOLLM2) -> tuple[float, list[list[float]]]:
     """Every choice of every question, CONCURRENCY in flight, in question order; returns the
     wall time and each choice's logprobs."""
     requests = [(context, choice) for context, choices in work for choice in choices]
@@ -93,7 +93,7 @@ async def run(url: str, form: str, work: list) -> tuple[float, list[list[float]]
         async def worker() -> None:
             for index in next_index:
                 context, choice = requests[index]
-                response = await client.post("/v1/completions", json=body(form, context, choice))
+                response = await client.post("/v1/completions", json=body(form, context, choice, model))
                 response.raise_for_status()
                 results[index] = choice_logprobs(form, response.json(), context, choice)
 

@@ -55,6 +55,7 @@ class Strict(BaseModel):
 
 VLLM_MAX_LABEL_IDS = MAX_LOGPROB_TOKEN_IDS  # vLLM's sampler reserves this many label columns
 LARGEST_DEFAULT_KV_BLOCK = 128  # vLLM's block_size when unset: 128 on a CPU, 16 on a GPU
+SMALLEST_DEFAULT_KV_BLOCK = 16
 
 
 class Capabilities(Strict):
@@ -87,6 +88,22 @@ class ScoredCacheConfig(Strict):
     max_bytes: int = Field(256 << 20, ge=0, description="the cache's size in bytes, per replica")
     top_k: int = Field(5, ge=0, description="top-k entries kept per position: requests for up "
                        "to this many are served from it")
+
+
+class PrefixRoutingConfig(Strict):
+    """How the models' router keeps a prefix on the replica that holds it
+    (serve_app.front.prefix_affinity)."""
+
+    enabled: bool = Field(True, description="requests go to the replica their ingress replica "
+                          "sent their longest prefix to, while it has room and is within the "
+                          "bound; off: Serve's two random choices")
+    load_factor: float = Field(1.5, ge=1, description="the bound: a replica takes a request by "
+                               "its prefix while it then holds at most this many times the mean "
+                               "of its model's requests in flight, and load_slack more")
+    load_slack: int = Field(4, ge=0, description="requests in flight a replica may hold beyond "
+                            "load_factor times the mean and still take a request by its prefix")
+    index_blocks: int = Field(65_536, ge=1, description="prefix blocks each ingress replica "
+                              "remembers it sent to each model replica (the least recent go first)")
 
 
 SERVED_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -223,6 +240,7 @@ class ModelConfig(Strict):
         "each replica, or of each engine worker when there are several (the replica reserves "
         "them all in a placement group)", num_cpus=1)
     scored_cache: ScoredCacheConfig = ScoredCacheConfig()
+    prefix_routing: PrefixRoutingConfig = PrefixRoutingConfig()
     full_vocab_window: int = Field(
         128, ge=1, description="prompt positions of full-vocabulary rows computed at a time, "
         "in whole KV blocks (at least one): no process holds more than a window of "
@@ -238,6 +256,11 @@ class ModelConfig(Strict):
         """The most positions one full-vocabulary window can show: the replica rounds the
         window down to whole KV blocks, at least one (vLLM's default block, 128 at most)."""
         return max(self.full_vocab_window, self.kv_block_size or LARGEST_DEFAULT_KV_BLOCK)
+
+    def prefix_block_tokens(self) -> int:
+        """The router's prefix blocks: the KV block where set, else vLLM's GPU block (16), which
+        divides its CPU one (128): a match is measured in blocks no larger than the engine's."""
+        return self.kv_block_size or SMALLEST_DEFAULT_KV_BLOCK
 
     @model_validator(mode="after")
     def path_or_embedded(self) -> "ModelConfig":

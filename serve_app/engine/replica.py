@@ -41,11 +41,6 @@ from serve_app.observe.metrics import ReplicaMetrics
 
 logger = logging.getLogger("probserve.replica")
 
-# The namespace of every request's prefix caches on a model that shares them
-# (`models[].shared_prefix_caches`); a tenant's own is "tenant:" and its name.
-SHARED_CACHES = "shared"
-
-
 def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
     the buffers of the longest full-vocabulary prompt (`rows` positions), which vLLM's worker
@@ -131,12 +126,7 @@ class ModelReplica:
         self.metrics.served(engine_stats(final, generated), adapter)
 
     def cache_namespace(self, request: EngineRequest) -> str:
-        """Whose prefix caches the request reads and fills (vLLM's KV cache salted with it, the
-        scored-prefix cache keyed by it): its tenant's, unless the model shares them, and its
-        adapter's: the same tokens under another adapter have other rows."""
-        owner = SHARED_CACHES if self.model.shared_prefix_caches else f"tenant:{request.tenant}"
-        adapter = request.adapter
-        return f"{owner}|adapter:{adapter.key}" if adapter else owner
+        return request.cache_namespace(self.model.shared_prefix_caches)
 
     def uses_scored_cache(self, request: EngineRequest) -> bool:
         return self.scored is not None and self.scored.eligible(request)

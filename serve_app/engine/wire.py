@@ -24,6 +24,9 @@ REPLICA_ITSELF = {"tenant": "probserve:replica", "priority": ONLINE}
 
 # Generated tokens a request scoring its prompt may ask for and still be waited for.
 SCORING_MAX_TOKENS = 16
+# The namespace of every request's prefix caches on a model that shares them
+# (`models[].shared_prefix_caches`); a tenant's own is "tenant:" and its name.
+SHARED_CACHES = "shared"
 
 
 class EngineUnavailable(Exception):
@@ -125,6 +128,14 @@ class EngineRequest:
         if self.prompt_logprobs is None:
             return len(self.prompt_token_ids) - 1
         return self.first_prompt_row() if self.read_prefix_cache else 0
+
+    def cache_namespace(self, shared: bool) -> str:
+        """Whose prefix caches the request reads and fills (vLLM's KV cache salted with it, the
+        scored-prefix cache keyed by it, the models' router's prefix index): its tenant's,
+        unless the model shares them (`shared`), and its adapter's: the same tokens under
+        another adapter have other rows."""
+        owner = SHARED_CACHES if shared else f"tenant:{self.tenant}"
+        return f"{owner}|adapter:{self.adapter.key}" if self.adapter else owner
 
     def first_prompt_row(self) -> int:
         """The index of the first prompt row shown (row r scores position r + 1)."""

@@ -55,8 +55,12 @@ def build_app(args: dict, replica: Deployment | None = None) -> Application:
             request_router_config=RequestRouterConfig(
                 initial_backoff_s=model.router_max_backoff_s, max_backoff_s=model.router_max_backoff_s,
                 request_router_class=BoundedStreamRouter,
-                request_router_kwargs={"stream_items_ahead": stream_items_ahead(
-                    model.largest_full_vocab_window(), config.serializer_pool.chunk_positions)}),
+                request_router_kwargs={
+                    "stream_items_ahead": stream_items_ahead(model.largest_full_vocab_window(),
+                                                             config.serializer_pool.chunk_positions),
+                    "prefix_routing": model.prefix_routing.model_dump(),
+                    "prefix_block_tokens": model.prefix_block_tokens(),
+                    "shared_prefix_caches": model.shared_prefix_caches}),
         ).bind(model, config.serializer_pool.chunk_positions)
         for model in config.models
     }

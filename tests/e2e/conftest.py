@@ -1,7 +1,8 @@
 """One real service for the whole session: Ray Serve, the app, vLLM on three tiny models, one
 per tokenizer family (the first is the one most tests use), a sibling of the first (its
-tokenizer, other weights: the viewer compares the two), and the embedded default model, on
-which the documentation's examples run as they are written. The SentencePiece model scales
+tokenizer, other weights: the viewer compares the two; two replicas, for the models' router's
+prefix routing), and the embedded default model, on which the documentation's examples run
+as they are written. The SentencePiece model scales
 as deployments/autoscaling.yaml says (tests/e2e/test_autoscaling.py)."""
 
 import os
@@ -76,6 +77,10 @@ AUTOSCALING_MODEL = TINY_SENTENCEPIECE
 AUTOSCALING = {field: value for field, value in yaml.safe_load(AUTOSCALING_FILE.read_text())
                ["applications"][0]["args"]["models"][0].items()
                if field in ("autoscaling_config", "max_ongoing_requests", "max_queued_requests")}
+# The sibling runs two replicas: the models' router keeps each prefix on one of them
+# (tests/e2e/test_prefix_routing.py); 32 requests in flight each, within the ingress's bound.
+PREFIX_ROUTED = {"autoscaling_config": {"min_replicas": 2, "max_replicas": 2},
+                 "max_ongoing_requests": 32, "max_queued_requests": 32}
 # Each family's model serves the store's two LoRA adapters of it, rank 8 and 16
 # (tests/e2e/test_adapters.py); at most both in one engine step.
 # The main model also serves an adapter whose folder is on no node: its replica refuses it.
@@ -98,7 +103,7 @@ CONFIG = {
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
                 **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
     + [{"name": TINY_SIBLING, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.1},
-        "cpu_kv_cache_gib": TINY_KV_GIB, **IN_ENGINE_CORE}]
+        "cpu_kv_cache_gib": TINY_KV_GIB, **IN_ENGINE_CORE, **PREFIX_ROUTED}]
     + [{"name": name, "path": str(embedded_model_path(TINY)), "capabilities": CAPABILITIES,
         "ray_actor_options": {"num_cpus": 0.1}, "cpu_kv_cache_gib": TINY_KV_GIB,
         "full_vocab_window": FULL_VOCAB_WINDOW, "kv_block_size": KV_BLOCKS[name],

@@ -3,18 +3,22 @@ when well formed), and the ingress logs one JSON line per request, with no promp
 
 import time
 import uuid
+from pathlib import Path
 
 import orjson
+import ray
 
 from serve_app.observe.request_log import well_formed_request_id
-from serve_app.store.home import probserve_home
 from tests.e2e.conftest import MODEL
 
 LOG_WAIT_S = 20
 
 
 def session_logs() -> list:
-    return sorted((probserve_home() / "ray" / "session_latest" / "logs").rglob("*"))
+    """The session service's Ray logs: its own session's folder, not `session_latest`, which
+    any later Ray start under the same PROBSERVE_HOME takes over."""
+    logs = ray._private.worker._global_node.get_logs_dir_path()
+    return sorted(Path(logs).rglob("*"))
 
 
 def request_lines(ids: set[str]) -> list[dict]:

@@ -1,6 +1,8 @@
 """The models' request router: a request that finds every replica full waits in a PlaceLine,
 woken in order when a request of the router ends, and finds the freed place without asking
-the replicas again; Serve's backoff remains only as the longest wait before looking again."""
+the replicas again; Serve's backoff remains only as the longest wait before looking again.
+Requests that share a prefix go to the replica sent it, within the load bound, in their
+tenant's and adapter's namespace; a replica that leaves takes only its prefixes along."""
 
 import asyncio
 import random
@@ -9,6 +11,8 @@ import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID, RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
 
+from serve_app.config import PrefixRoutingConfig
+from serve_app.engine.wire import ONLINE, Adapter, EngineRequest
 from serve_app.front.replica_router import BoundedStreamRouter, PlaceLine
 from tests.unit.fakes import in_a_loop
 
@@ -27,9 +31,12 @@ class FakeReplica:
         self.max_ongoing_requests = places
         self.node_id, self.availability_zone, self.multiplexed_model_ids = "node", None, set()
         self.ongoing = self.asked = 0
+        self.answers = asyncio.Event()  # cleared: a replica slow to say its queue length
+        self.answers.set()
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         self.asked += 1
+        await self.answers.wait()
         return self.ongoing
 
 
@@ -38,11 +45,32 @@ def pending(name: str) -> PendingRequest:
     return PendingRequest(args=[], kwargs={}, metadata=metadata)
 
 
-async def router_of(*replicas: FakeReplica, backoff_s: float = UNWOKEN_S) -> BoundedStreamRouter:
+def scoring(name: str, prompt: list[int], tenant: str = "alpha", adapter: Adapter | None = None,
+            http_request: str | None = None) -> PendingRequest:
+    """A pending engine request that scores `prompt`, as the ingress routes it: the calls
+    made for one HTTP request share its internal id."""
+    request = EngineRequest(prompt_token_ids=prompt, max_tokens=1, temperature=0, top_p=1, prompt_logprobs=1,
+                            tenant=tenant, priority=ONLINE, adapter=adapter)
+    metadata = RequestMetadata(request_id=name, internal_request_id=http_request or name,
+                               multiplexed_model_id=adapter.key if adapter else "")
+    return PendingRequest(args=[request], kwargs={}, metadata=metadata)
+
+
+def question(seed: int) -> list[int]:
+    """A context of three of the tests' prefix blocks, of its own."""
+    return [seed * 1000 + i for i in range(3 * BLOCK)]
+
+
+BLOCK = 4
+BY_PREFIX = PrefixRoutingConfig().model_dump()
+
+
+async def router_of(*replicas: FakeReplica, backoff_s: float = UNWOKEN_S,
+                    prefix_routing: dict | None = None) -> BoundedStreamRouter:
     router = BoundedStreamRouter(deployment_id=DEPLOYMENT, handle_source=DeploymentHandleSource.UNKNOWN,
                                  use_replica_queue_len_cache=True, initial_backoff_s=backoff_s,
                                  max_backoff_s=backoff_s)
-    router.initialize_state(stream_items_ahead=2)
+    router.initialize_state(stream_items_ahead=2, prefix_routing=prefix_routing, prefix_block_tokens=BLOCK)
     router.update_replicas(list(replicas))
     for replica in replicas:
         router.on_new_queue_len_info(replica.replica_id, replica.ongoing)
@@ -226,3 +254,128 @@ async def test_a_request_for_an_adapter_goes_to_the_replica_that_holds_it():
         request.metadata.multiplexed_model_id = "adapter#r1#0123"
         assert await sent(router, request) is holder
     assert await sent(router, pending("base")) is other
+
+
+async def settled(router: BoundedStreamRouter) -> None:
+    """The queue lengths the router asked for meanwhile landed in its cache, then the true ones
+    (a fake replica answers its count when asked, before the request it was asked for)."""
+    await asyncio.sleep(0.01)
+    for replica_id, replica in router._replicas.items():
+        router.on_new_queue_len_info(replica_id, replica.ongoing)
+
+
+async def choices_sent(router: BoundedStreamRouter, context: list[int], name: str,
+                       **owner) -> list[FakeReplica]:
+    """Where a question's four choices went, routed at once as the ingress sends a prompt list
+    (the calls of one HTTP request)."""
+    requests = [scoring(f"{name}-{choice}", [*context, choice], http_request=name, **owner)
+                for choice in range(4)]
+    routed = asyncio.gather(*(sent(router, request) for request in requests))
+    went = list(await asyncio.wait_for(routed, HANG_S))
+    await settled(router)
+    return went
+
+
+@in_a_loop
+async def test_the_choices_of_a_question_go_to_one_replica_and_questions_spread_by_load():
+    replicas = [FakeReplica(name, places=100) for name in ("r1", "r2")]
+    router = await router_of(*replicas, prefix_routing=BY_PREFIX)
+    holders = []
+    for index in range(8):
+        went = await choices_sent(router, question(index), f"q{index}")
+        assert len(set(went)) == 1, [replica.replica_id.unique_id for replica in went]
+        holders.append(went[0])
+    assert {holder.ongoing for holder in replicas} == {16}  # four questions each
+
+
+@in_a_loop
+async def test_without_prefix_routing_a_questions_choices_spread():
+    replicas = [FakeReplica(name, places=100) for name in ("r1", "r2")]
+    router = await router_of(*replicas)
+    went = [await sent(router, scoring(f"c{choice}", [*question(1), choice])) for choice in range(4)]
+    assert set(went) == set(replicas)  # the less loaded of the two, each time
+
+
+@in_a_loop
+async def test_a_holder_past_the_load_bound_leaves_the_request_to_the_less_loaded():
+    holder, other = FakeReplica("holder", places=100), FakeReplica("other", places=100)
+    router = await router_of(holder, other, prefix_routing=BY_PREFIX)
+    router.prefixes.sent(holder.replica_id, router.request_prefix(scoring("seen", question(1))))
+    holder.ongoing, other.ongoing = 7, 1  # with one more, 8: within 1.5 x the mean (4.5) + 4
+    router.on_new_queue_len_info(holder.replica_id, holder.ongoing)
+    router.on_new_queue_len_info(other.replica_id, other.ongoing)
+    assert await sent(router, scoring("within", [*question(1), 1])) is holder
+    holder.ongoing = 20  # with one more, 21: past 1.5 x 11 + 4
+    await settled(router)
+    assert await sent(router, scoring("past", [*question(1), 2])) is other
+
+
+@in_a_loop
+async def test_a_full_holder_leaves_the_request_to_a_replica_with_room():
+    replicas = [FakeReplica(name, places=1) for name in ("r1", "r2")]
+    router = await router_of(*replicas, prefix_routing=BY_PREFIX)
+    holder = await sent(router, scoring("first", [*question(1), 0]))
+    await settled(router)
+    assert await sent(router, scoring("second", [*question(1), 1])) is not holder
+
+
+@in_a_loop
+async def test_a_replica_that_leaves_takes_only_its_prefixes_and_one_that_joins_gets_new_ones():
+    random.seed(0)
+    replicas = {name: FakeReplica(name, places=100) for name in ("r1", "r2", "r3")}
+    router = await router_of(*replicas.values(), prefix_routing=BY_PREFIX)
+    held = {index: set(await choices_sent(router, question(index), f"q{index}")) for index in range(6)}
+    assert all(len(holders) == 1 for holders in held.values())
+    joined = FakeReplica("r4", places=100)
+    router.update_replicas([replicas["r1"], replicas["r3"], joined])
+    await settled(router)
+    for index, (holder,) in held.items():
+        (now,) = set(await choices_sent(router, question(index), f"again{index}"))
+        assert now is holder or holder is replicas["r2"], (index, holder.replica_id, now.replica_id)
+    new = [set(await choices_sent(router, question(index), f"new{index}")) for index in range(6, 12)]
+    assert {joined} in new  # the idle newcomer takes new prefixes, by load
+
+
+@in_a_loop
+async def test_tenants_and_adapters_never_route_by_each_others_prefixes():
+    busy, idle = FakeReplica("busy", places=100), FakeReplica("idle", places=100)
+    router = await router_of(busy, idle, prefix_routing=BY_PREFIX)
+    router.prefixes.sent(busy.replica_id, router.request_prefix(scoring("alpha", question(1))))
+    busy.ongoing = 3  # within the bound: alpha's requests of that prefix still go to it
+    router.on_new_queue_len_info(busy.replica_id, busy.ongoing)
+    assert await sent(router, scoring("alpha-again", [*question(1), 1])) is busy
+    assert await sent(router, scoring("beta", [*question(1), 1], tenant="beta")) is idle
+    assert await sent(router, scoring("alpha-adapter", [*question(1), 1],
+                                      adapter=Adapter("a", "/x/a"))) is idle
+
+
+@in_a_loop
+async def test_an_adapters_choices_go_to_one_of_the_replicas_that_hold_it():
+    replicas = [FakeReplica(name, places=100) for name in ("r1", "r2", "r3")]
+    adapter = Adapter("a", "/x/a")
+    for replica in replicas[1:]:
+        replica.multiplexed_model_ids = {adapter.key}
+    router = await router_of(*replicas, prefix_routing=BY_PREFIX)
+    for index in range(4):
+        went = set(await choices_sent(router, question(index), f"q{index}", adapter=adapter))
+        assert len(went) == 1 and replicas[0] not in went
+
+
+@in_a_loop
+async def test_a_replica_chosen_for_a_request_goes_to_that_request_not_an_older_one():
+    """The first question's replica must be asked its queue length (slowly); meanwhile the
+    second question's replica is chosen and sent, to the second question's request: Serve's
+    FIFO order would have given it to the first, the older, and split its prefix."""
+    first, second = FakeReplica("first", places=100), FakeReplica("second", places=100)
+    router = await router_of(first, second, prefix_routing=BY_PREFIX)
+    requests = [scoring(f"q{index}", [*question(index), 0]) for index in (1, 2)]
+    for replica, request in zip((first, second), requests, strict=True):
+        router.prefixes.sent(replica.replica_id, router.request_prefix(request))
+    first.answers.clear()
+    router._replica_queue_len_cache.invalidate_key(first.replica_id)
+    older = place(router, requests[0])
+    await asyncio.sleep(0.01)
+    assert await asyncio.wait_for(sent(router, requests[1]), HANG_S) is second
+    assert not older.done()
+    first.answers.set()
+    assert await asyncio.wait_for(older, HANG_S) is first

@@ -66,7 +66,11 @@ Ray Serve's:
    router's requests wakes in order (the longest waiter first); asks a replica that its
    queue-length cache says is full only after a wait that nothing woke; lets a request given
    a place be sent (and counted) before it chooses for the next; and chooses, when Serve's
-   two random replicas are both full, two that the cache says have room.
+   two random replicas are both full, two that the cache says have room. It also sends a
+   request first to the replica it sent the request's prefix to (serve_app.front.prefix_affinity),
+   and gives a chosen replica to the request it was chosen for, not to the oldest waiting one
+   (Serve's FIFOMixin would send a question's choice to another question's replica), found by
+   its call's metadata (the calls of one request share Serve's internal request id).
 
 The runner, on every platform:
 
@@ -212,6 +216,25 @@ TOUCH_POINTS = (
                "called, not patched: the replicas with room by the queue-length cache (item 9)"),
     TouchPoint(SERVE_ROUTER, "RequestRouter._compute_backoff_s", ("self", "attempt"),
                "called, not patched: Serve's backoff, the longest a waiter sleeps unwoken (item 9)"),
+    TouchPoint(SERVE_ROUTER, "FIFOMixin._fulfill_next_pending_request",
+               ("self", "replica", "request_metadata"),
+               "overridden: a chosen replica goes to the request it was chosen for (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._add_pending_request_to_indices",
+               ("self", "pending_request"),
+               "overridden: a waiting request also indexed by its call's metadata (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._remove_pending_request_from_indices",
+               ("self", "pending_request"),
+               "overridden: and taken out of that index (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._cancel_routing_task_for_pending_request",
+               ("self", "pending_request"), "called, not patched: as Serve fulfils a request (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter._record_queue_wait_time", ("self", "pending_request"),
+               "called, not patched: as Serve fulfils a request (item 9)"),
+    TouchPoint(SERVE_ROUTER, "RequestRouter.on_request_routed",
+               ("self", "pending_request", "replica_id", "result"),
+               "overridden: the request's prefix noted on the replica it went to (item 9)"),
+    TouchPoint("ray.serve._private.request_router.common", "ReplicaQueueLengthCache.get",
+               ("self", "replica_id"),
+               "called, not patched: a replica's requests in flight, for the prefix's load bound (item 9)"),
     TouchPoint("ray.serve.handle", "DeploymentHandle.options",
                ("self", "method_name", "multiplexed_model_id", "session_id", "stream",
                 "_prefer_local_routing", "_by_reference", "request_serialization", "response_serialization"),
@@ -261,6 +284,8 @@ PRIVATE_NAMES = (
                 "overridden: the stat logger's gauges, held (item 7)"),
     PrivateName("ray.serve._private.request_router.replica_wrapper", "RunningReplica", "_actor_handle",
                 "read: the replica's actor handle, wrapped to add the backpressure (item 6)"),
+    PrivateName(SERVE_ROUTER, "RequestRouter", "_replica_queue_len_cache",
+                "read: the queue-length cache, for the prefix's load bound (item 9)"),
     PrivateName("ray.serve._private.common", "RequestMetadata", "_by_reference",
                 "read: a call on Ray's task path, as a full-vocabulary stream's is (item 6)"),
     PrivateName("ray._private.worker", "init", "_temp_dir",
