@@ -7,14 +7,17 @@ and compares its answers with a float32 transformers forward pass on the CPU: ec
 labels at prompt and generated positions, a span that reads the prefix cache a priming request
 left, 1,024 positions of the full vocabulary, 32 scoring requests at once with 2 full-vocabulary
 ones (the GPU's peak memory meanwhile, from nvidia-smi); then a short load run against
-probserve and against vLLM's own server on the same GPU. The table goes to stdout and to
+probserve and against vLLM's own server on the same GPU; then SmolLM2 again in vLLM's
+batch-invariant mode: each scoring kind alone and among 32 others, bit for bit, and the load
+run's throughput against the default mode's. The table goes to stdout and to
 `gpu-smoke-<device>.md`.
 
 With several GPUs it serves SmolLM2 split across them (`--gpus`: the most tensor ranks that
 divide its heads, or two pipeline stages on two GPUs) and checks it the same way.
 
 On a machine without a GPU it runs the same checks on the CPU (deployments/local.yaml, the CPU
-tolerance): the test suite runs it so against its own service (`--url`), so it cannot rot.
+tolerance), the bit-for-bit one on the CPU engine as it is (it has no batch-invariant mode to
+turn on): the test suite runs it so against its own service (`--url`), so it cannot rot.
 
     make gpu-smoke                                # GPU if there is one, else CPU
     PYTHONPATH=. .venv/bin/python bench/gpu_smoke.py --url http://127.0.0.1:8000 --load-requests 24
@@ -64,6 +67,7 @@ TEXT = ("The committee met on Tuesday to review the budget for the coming year. 
 LABELS = [" Paris", " London", " Rome"]
 CACHE_READS = "ray_probserve_prefix_cache_read_tokens_total"  # as Ray's metrics agent exports it
 NPY = {"Accept": "application/x-npy"}
+INVARIANT = f"{SMOLLM2}-batch-invariant"
 
 
 class Table:
@@ -273,6 +277,45 @@ class Checks:
         memory = f"; peak GPU memory {peak.stop() / 1024:.1f} GiB" if peak else ""
         return f"34 at once, all 200, largest difference {worst:.1e}{memory}"
 
+    def same_bits(self, model: str) -> str:
+        """Each scoring kind alone, then among 32 requests of 8 to 200 tokens at once: every
+        number the same bits (JSON's shortest float32 digits, the .npy's bytes)."""
+        probes = self.probes(model)
+        alone = [answer(self.url, body) for body in probes.values()]
+        crowd = [{"model": model, "prompt": (self.ids * 4)[: 8 + 6 * i], "echo": True, "logprobs": 2,
+                  "max_tokens": 1 + i % 8, "temperature": 0} for i in range(32)]
+        with ThreadPoolExecutor(len(crowd) + len(probes)) as pool:
+            others = [pool.submit(post, self.url, body) for body in crowd[:16]]
+            probed = [pool.submit(answer, self.url, body) for body in probes.values()]
+            others += [pool.submit(post, self.url, body) for body in crowd[16:]]
+            together = [future.result() for future in probed]
+            for other in others:
+                other.result()
+        differ = [kind for kind, first, second in zip(probes, alone, together, strict=True)
+                  if first != second]
+        assert not differ, f"differ under load: {', '.join(differ)}"
+        return f"{', '.join(probes)}: bit-identical alone and among 32 others"
+
+    def probes(self, model: str) -> dict[str, dict]:
+        """One request of each scoring kind."""
+        labels = [self.reference.tokenizer.encode(label)[0] for label in LABELS]
+        longer = (self.ids * 3)[:120]
+        greedy = {"model": model, "max_tokens": 1, "temperature": 0}
+        return {"echo top-8": {**greedy, "prompt": self.ids, "echo": True, "logprobs": 8},
+                "prompt_logprobs top-8": {**greedy, "prompt": longer, "prompt_logprobs": 8},
+                "labels": {**greedy, "prompt": self.ids, "echo": True, "logprobs": 0,
+                           "logprob_token_ids": labels},
+                "a span": {**greedy, "prompt": longer, "logprob_start_len": 60, "logprobs": 5},
+                "generated top-5": {**greedy, "prompt": self.ids[:20], "max_tokens": 8, "logprobs": 5},
+                "full vocabulary": {**greedy, "prompt": self.ids[:64], "prompt_logprobs": -1}}
+
+
+def answer(url: str, body: dict) -> bytes | list:
+    """What must not change with the load: a full vocabulary's .npy bytes, else the choices."""
+    if body.get("prompt_logprobs") == -1:
+        return post(url, body, headers=NPY).content
+    return post(url, body).json()["choices"]
+
 
 class GpuMemoryPeak:
     """The GPU's used memory, polled every 0.2 s until stopped: the largest reading (MiB)."""
@@ -326,12 +369,12 @@ def poll_grown(metrics_url: str, before: float, limit_s: float = 60) -> float:
     return read
 
 
-def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) -> None:
+def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) -> dict:
     """A short closed loop at 16 clients, probserve then vLLM's server (bench/load.py): `distinct`
-    (a small request of a prompt of its own each) and `echo128` (a sequence of its own each)."""
+    (a small request of a prompt of its own each) and `echo128` (a sequence of its own each).
+    Returns probserve's runs."""
     plan = [("distinct", 16, requests), ("echo128", 16, requests)]
-    ours = {(workload, concurrency): asyncio.run(closed_loop(url, SMOLLM2, WORKLOADS[workload], concurrency,
-                                                             count, 300)).report()
+    ours = {(workload, concurrency): closed_run(url, SMOLLM2, workload, count)
             for workload, concurrency, count in plan}
     if stop_first:
         local_ray.stop()  # its GPU memory, for vLLM's server
@@ -341,6 +384,29 @@ def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) ->
         against = f"; vLLM's server {rate(theirs[key])}; {run['req/s'] / theirs[key]['req/s']:.2f}x" \
             if peer else ""
         table.add(f"load: {key[0]}, {key[1]} clients", statuses == {200}, f"probserve {rate(run)}{against}")
+    return ours
+
+
+def closed_run(url: str, model: str, workload: str, requests: int) -> dict:
+    return asyncio.run(closed_loop(url, model, WORKLOADS[workload], 16, requests, 300)).report()
+
+
+def batch_invariant(table: Table, reference: Reference, metrics_url: str, requests: int,
+                    default_mode: dict | None) -> None:
+    """SmolLM2 again with vLLM's batch-invariant mode, served alone on one GPU: the same bits
+    alone and under load, and its throughput against the default mode's run above."""
+    model = {**smoke_model("cuda"), "name": INVARIANT, "path": str(embedded_model_path(SMOLLM2)),
+             "batch_invariant": True}
+    url = local_ray.start({**smoke_args("cuda"), "models": [model]}, port=PORT, log_to_driver=False)
+    checks = Checks(url, metrics_url, reference, "cuda")
+    table.check("batch-invariant mode: the same bits alone and among 32 others",
+                lambda: checks.same_bits(INVARIANT))
+    if requests:
+        run = closed_run(url, INVARIANT, "distinct", requests)
+        cost = f"; {run['req/s'] / default_mode['req/s']:.2f}x the default mode's" if default_mode else ""
+        table.add("batch-invariant mode: load: distinct, 16 clients", set(run["statuses"]) == {200},
+                  f"probserve {rate(run)}{cost}")
+    local_ray.stop()
 
 
 def rate(run: dict) -> str:
@@ -376,10 +442,16 @@ def main() -> None:
     table.check("a span after a priming request", checks.span_reads_the_cache)
     table.check(f"full vocabulary, {FULL_VOCAB_POSITIONS} positions", checks.full_vocabulary)
     table.check("32 scoring requests with 2 full-vocabulary ones", lambda: checks.concurrent(device))
+    if device == "cpu":  # on a GPU, in vLLM's batch-invariant mode only (below)
+        table.check("the same bits alone and among 32 others", lambda: checks.same_bits(SMOLLM2))
+    runs = {}
     if options.load_requests:
-        load(table, url, options.load_requests, stop_first=not options.url, peer=options.peer)
+        runs = load(table, url, options.load_requests, stop_first=not options.url, peer=options.peer)
     elif not options.url:
         local_ray.stop()
+    if device == "cuda" and not options.url:
+        batch_invariant(table, checks.reference, options.metrics_url, options.load_requests,
+                        runs.get(("distinct", 16)))
     options.output.mkdir(parents=True, exist_ok=True)
     file = options.output / f"gpu-smoke-{re.sub(r'[^A-Za-z0-9._]+', '-', table.device).strip('-')}.md"
     file.write_text(table.markdown())

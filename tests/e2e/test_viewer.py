@@ -2,28 +2,25 @@
 Selenium) on the session's service: what it shows is what the API answers (offsets, pieces,
 log-probabilities, ranks, alternatives) and what the float32 reference computes, on every
 tokenizer family; hover and keyboard focus, a selected span, labels, two models compared,
-chat, a long text, the exports and the errors; and /ui switched off. The screenshots of
+chat, a long text, the exports and the errors (/ui switched off: tests/e2e/test_stop.py's
+services). The screenshots of
 docs/images are taken here (`make screenshots` writes them there, a test run into a folder of
 its own). The key a tenancy service asks for: tests/e2e/test_tenancy.py."""
 
 import csv
 import json
 import math
-import time
 
-import httpx
 import numpy as np
 import pytest
-from ray import serve
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select
 from transformers import AutoTokenizer
 
-from serve_app.ops.app import build_app
 from serve_app.store.model_store import SMOLLM2, TINY_SIBLING, embedded_model_path
 from tests.e2e.browser import Browser
-from tests.e2e.conftest import ADAPTERS, FAMILIES, MAX_MODEL_LEN, MODEL, TINY_BOS, TINY_KV_GIB
+from tests.e2e.conftest import ADAPTERS, FAMILIES, MAX_MODEL_LEN, MODEL, TINY_BOS
 from tests.e2e.reference import TOLERANCE
 
 pytestmark = pytest.mark.e2e
@@ -367,30 +364,3 @@ def test_a_refusal_shows_the_envelope(http, page):
     box = page.visible("#error")
     assert box.get_attribute("data-code") == refused["code"]
     assert box.text == f"400 {refused['code']}: {refused['message']}"
-
-
-@pytest.fixture(scope="module")
-def switched_off(base_url, tmp_path_factory):
-    """A second application with the viewer switched off; its one model, scaled to zero, costs
-    no engine."""
-    model = {"name": MODEL, "cpu_kv_cache_gib": TINY_KV_GIB,
-             "autoscaling_config": {"min_replicas": 0, "max_replicas": 1}}
-    args = {"models": [model], "ingress": {"ui": False, "ray_actor_options": {"num_cpus": 0.01}},
-            "serializer_pool": {"ray_actor_options": {"num_cpus": 0.01}},
-            "batch": {"storage": str(tmp_path_factory.mktemp("no-viewer-batch")),
-                      "ray_actor_options": {"num_cpus": 0.01}}}
-    serve.run(build_app(args), name="no-viewer", route_prefix="/no-viewer")
-    yield f"{base_url}/no-viewer"
-    serve.delete("no-viewer")
-
-
-def test_the_viewer_can_be_switched_off(switched_off):
-    for path in ("/ui", "/ui/", "/ui/viewer.js"):
-        response = httpx.get(f"{switched_off}{path}", follow_redirects=False)
-        assert (response.status_code, response.json()["error"]["code"]) == (404, "not_found"), path
-        assert "ingress.ui: false" in response.json()["error"]["message"]
-    deadline = time.monotonic() + 60
-    while (models := httpx.get(f"{switched_off}/v1/models")).status_code != 200:
-        assert time.monotonic() < deadline, models.text
-        time.sleep(1)
-    assert [card["id"] for card in models.json()["data"]] == [MODEL]

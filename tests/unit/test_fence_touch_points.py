@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from serve_app.batch_invariance import LEAST_CAPABILITY, SWITCH
 from serve_app.engine.vllm_fence.touch_points import (
     COPIED_CONSTANTS,
     MARKED_COUNT_USES,
@@ -177,6 +178,18 @@ def test_a_marked_count_reaches_the_gather_and_the_buffer_unchanged(method, vllm
             if isinstance(node, ast.Name) and node.id == "num_prompt_logprobs"
             and isinstance(node.ctx, ast.Load)}
     assert uses == set(MARKED_COUNT_USES[method])
+
+
+def test_vllms_batch_invariant_mode_is_the_switch_set_and_begins_at_the_gpus_allowed(vllm_build):
+    """vLLM reads the switch the replica sets, its GPU workers act on it, and its kernels begin
+    at the compute capability probserve allows (Triton matmuls on 8.x; cuBLAS's from 9.0)."""
+    determinism = "vllm.model_executor.determinism.batch_invariant"
+    assert SWITCH in ast.unparse(vllm_build.module("vllm.envs"))
+    assert f"envs.{SWITCH}" in ast.unparse(vllm_build.definition(determinism, "init_batch_invariance"))
+    assert "init_batch_invariance()" in ast.unparse(vllm_build.module("vllm.v1.worker.gpu_worker"))
+    major, minor = LEAST_CAPABILITY
+    enable = ast.unparse(vllm_build.definition(determinism, "enable_batch_invariant_mode"))
+    assert f"is_device_capability_family({major * 10 + minor})" in enable
 
 
 def test_vllms_runner_switch_is_the_variable_the_fence_sets(vllm_build):

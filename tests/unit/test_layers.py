@@ -11,7 +11,7 @@ PACKAGE = Path(serve_app.__file__).parent
 # Lowest first; modules of one layer may import each other.
 LAYERS = [
     {"text", "store"},
-    {"config", "errors", "gate", "parallel", "adapters", "vllm_constants"},
+    {"config", "errors", "gate", "parallel", "batch_invariance", "adapters", "vllm_constants"},
     {"observe"},
     {"engine", "tenants"},
     {"fullvocab", "api", "batch"},

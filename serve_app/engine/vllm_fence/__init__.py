@@ -22,6 +22,7 @@ from serve_app.engine.vllm_fence.worker import (
     keep_top_k_beside_labels,
     make_stage_inputs_when_first_needed,
     no_adapter_for_tokens_of_none,
+    seeded_cpu_samples_skip_discarded_steps,
 )
 
 
@@ -33,4 +34,5 @@ def register() -> None:
     keep_top_k_beside_labels()
     make_stage_inputs_when_first_needed()
     no_adapter_for_tokens_of_none()
+    seeded_cpu_samples_skip_discarded_steps()
     one_gloo_device_per_process()

@@ -115,6 +115,16 @@ torch's, where vLLM joins torch.distributed (serve_app.engine.vllm_fence.gloo):
    its options (`_Options._devices`, `_timeout`, `_threads`, torch's private names). torch is
    pinned by the vLLM build; tests/unit/test_fence_gloo.py checks both constructions and the
    options against the installed torch and vLLM.
+
+vLLM's again, on the CPU:
+
+13. Seeded requests whose prompt is split across engine steps: a request still computing its
+   prompt (a chunk of it this step) gets a sample the runner discards, and vLLM then winds its
+   seeded generator back by the offset a CUDA generator keeps, which a CPU generator does not
+   have: the engine died ("CPU Generator does not use offset") whenever a seeded request's
+   prompt was chunked, as under load any prompt may be. On the CPU such a request's generator
+   sits out the step (its discarded sample drawn from the default one), so its seeded stream
+   is as if the sample never was, as vLLM's rewind makes it on CUDA.
 """
 
 import importlib
@@ -261,6 +271,8 @@ TOUCH_POINTS = (
     TouchPoint("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU._shrink_decode",
                ("self", "y", "x", "w_t_all", "scale"),
                "overridden: the decode's shrink through item 11's (it calls its own import of bgmv_shrink)"),
+    TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens", ("self", "grammar_output"),
+               "wrapped: a discarded sample's CPU generator sits out the step (item 13)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
                "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
 )

@@ -179,3 +179,24 @@ def no_adapter_for_tokens_of_none() -> None:
 
     patched("bgmv_shrink", shrink_adapters_only)
     patched("PunicaWrapperCPU._shrink_decode", shrink_decode)
+
+
+def seeded_cpu_samples_skip_discarded_steps() -> None:
+    """A request's seeded CPU generator sits out a step whose sample for it is discarded (its
+    prompt still being computed), instead of being wound back by an offset it has not
+    (item 13)."""
+    import numpy as np
+
+    sample_tokens = original("GPUModelRunner.sample_tokens")
+
+    def sample_tokens_setting_cpu_seeds_aside(self, grammar_output):
+        generators = self.input_batch.generators
+        discarded = np.nonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])[0]
+        aside = {index: generators.pop(index) for index in map(int, discarded)
+                 if index in generators and generators[index].device.type == "cpu"}
+        try:
+            return sample_tokens(self, grammar_output)
+        finally:
+            generators.update(aside)
+
+    patched("GPUModelRunner.sample_tokens", sample_tokens_setting_cpu_seeds_aside)
