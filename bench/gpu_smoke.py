@@ -374,8 +374,8 @@ def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) ->
     (a small request of a prompt of its own each) and `echo128` (a sequence of its own each).
     Returns probserve's runs."""
     plan = [("distinct", 16, requests), ("echo128", 16, requests)]
-    ours = {(workload, concurrency): closed_run(url, SMOLLM2, workload, count)
-            for workload, concurrency, count in plan}
+    ours = {(workload, clients): closed_run(url, SMOLLM2, workload, clients, count)
+            for workload, clients, count in plan}
     if stop_first:
         local_ray.stop()  # its GPU memory, for vLLM's server
     theirs = run_vllm(plan, None, 300, tuned=True) if peer else {}
@@ -387,8 +387,8 @@ def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) ->
     return ours
 
 
-def closed_run(url: str, model: str, workload: str, requests: int) -> dict:
-    return asyncio.run(closed_loop(url, model, WORKLOADS[workload], 16, requests, 300)).report()
+def closed_run(url: str, model: str, workload: str, clients: int, requests: int) -> dict:
+    return asyncio.run(closed_loop(url, model, WORKLOADS[workload], clients, requests, 300)).report()
 
 
 def batch_invariant(table: Table, reference: Reference, metrics_url: str, requests: int,
@@ -402,7 +402,7 @@ def batch_invariant(table: Table, reference: Reference, metrics_url: str, reques
     table.check("batch-invariant mode: the same bits alone and among 32 others",
                 lambda: checks.same_bits(INVARIANT))
     if requests:
-        run = closed_run(url, INVARIANT, "distinct", requests)
+        run = closed_run(url, INVARIANT, "distinct", 16, requests)
         cost = f"; {run['req/s'] / default_mode['req/s']:.2f}x the default mode's" if default_mode else ""
         table.add("batch-invariant mode: load: distinct, 16 clients", set(run["statuses"]) == {200},
                   f"probserve {rate(run)}{cost}")
