@@ -9,6 +9,7 @@ the latest refusal (seconds from the burst), the answers' p50 and p99 to the las
     .venv/bin/python bench/burst.py                       # 300 small, 12 full-vocabulary (256 ids)
     .venv/bin/python bench/burst.py --in-turn             # the small ones first
     .venv/bin/python bench/burst.py --small 300 --full-vocab 12 --config deployments/local.yaml
+    .venv/bin/python bench/burst.py --engine-speed 0.5    # vLLM's processes at half speed
 """
 
 import argparse
@@ -23,10 +24,12 @@ from pathlib import Path
 
 import httpx
 from load import distinct, median_and_p99, probserve_serving
+from slowdown import slowed, vllm_processes
 
 from serve_app.store.model_store import SMOLLM2
 
 FULL_VOCAB_IDS = list(range(3000, 3256))
+WARM_UP = 8
 
 
 def full_vocab_256() -> dict:
@@ -69,7 +72,8 @@ async def burst(url: str, kinds: dict[str, tuple[int, Callable[[], dict]]], time
     kinds in turn, or mixed in a random (seeded) order."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits) as client:
-        await asyncio.gather(*(timed(client, distinct()) for _ in range(4)))  # warm-up
+        for _ in range(WARM_UP):  # one at a time: the replica measures its engine's pace
+            await timed(client, distinct())
         order = [kind for kind, (count, _) in kinds.items() for _ in range(count)]
         if mixed:
             random.Random(0).shuffle(order)
@@ -100,10 +104,13 @@ def main() -> None:
                         help="send the kinds in turn (all small first) instead of mixed")
     parser.add_argument("--timeout", type=float, default=120, help="seconds a client waits at most")
     parser.add_argument("--config", type=Path, default=Path("deployments/local.yaml"))
+    parser.add_argument("--engine-speed", type=float, default=1.0,
+                        help="the share of each 50 ms vLLM's processes run (bench/slowdown.py): 0.5 "
+                        "is an engine on a machine half as fast")
     options = parser.parse_args()
     kinds = {"small": (options.small, distinct),
              "full vocabulary, 256 ids": (options.full_vocab, full_vocab_256)}
-    with probserve_serving(options.config) as url:
+    with probserve_serving(options.config) as url, slowed(vllm_processes(), options.engine_speed):
         outcomes = asyncio.run(burst(url, kinds, options.timeout, mixed=not options.in_turn))
     print("| requests | sent | answered | refused | other | last answer, first / last byte | last refusal "
           "| p50 answered | p99 answered |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -55,7 +55,6 @@ PORT = 8313
 # A float32 model on a GPU computes attention's dot products in TF32 (10 bits of mantissa):
 # its log-probabilities differ from a float32 CPU forward pass by up to a few hundredths.
 TOLERANCE = {"cuda": 5e-2, "cpu": 1e-4}
-FULL_VOCAB_POSITIONS = 1024
 # Over 1,024 positions float32 rounding grows apart between vLLM's and transformers' kernels:
 # on the CPU, a few positions of a random prompt differ by up to 2e-3 on the engine's own
 # top-k path as on the full vocabulary's. The full vocabulary is compared with the reference
@@ -76,24 +75,29 @@ class Table:
     def __init__(self, device: str):
         self.device, self.rows = device, []
 
-    def add(self, check: str, passed: bool, detail: str) -> None:
-        self.rows.append((check, "ok" if passed else "FAILED", detail))
-        print(f"{'ok    ' if passed else 'FAILED'} {check}: {detail}", flush=True)
+    def add(self, check: str, passed: bool, detail: str, seconds: float) -> None:
+        self.rows.append((check, "ok" if passed else "FAILED", f"{seconds:.1f}", detail))
+        print(f"{'ok    ' if passed else 'FAILED'} {check} ({seconds:.1f} s): {detail}", flush=True)
 
     def check(self, check: str, action) -> None:
         """`action()` returns its detail; an AssertionError (or any error) is a failed check."""
+        started = time.perf_counter()
         try:
-            self.add(check, True, action())
+            detail, passed = action(), True
         except Exception as error:  # a failed check is reported, the others still run
-            self.add(check, False, f"{type(error).__name__}: {error}"[:300])
+            detail, passed = f"{type(error).__name__}: {error}"[:300], False
+        self.add(check, passed, detail, time.perf_counter() - started)
 
     def markdown(self) -> str:
-        lines = [f"# gpu-smoke on {self.device}", "", "| check | outcome | detail |", "| --- | --- | --- |"]
-        return "\n".join(lines + [f"| {c} | {o} | {d.replace('|', '/')} |" for c, o, d in self.rows]) + "\n"
+        lines = [f"# gpu-smoke on {self.device}", "", "| check | outcome | seconds | detail |",
+                 "| --- | --- | --- | --- |"]
+        rows = [f"| {check} | {outcome} | {seconds} | {detail.replace('|', '/')} |"
+                for check, outcome, seconds, detail in self.rows]
+        return "\n".join(lines + rows) + "\n"
 
     @property
     def passed(self) -> bool:
-        return all(outcome == "ok" for _, outcome, _ in self.rows)
+        return all(outcome == "ok" for _, outcome, _, _ in self.rows)
 
 
 def device_name(device: str) -> str:
@@ -182,8 +186,10 @@ def close(got, expected, tolerance: float) -> float:
 
 
 class Checks:
-    def __init__(self, url: str, metrics_url: str, reference: Reference, device: str):
+    def __init__(self, url: str, metrics_url: str, reference: Reference, device: str,
+                 full_vocab_positions: int = 1024):
         self.url, self.metrics_url, self.reference = url, metrics_url, reference
+        self.full_vocab_positions = full_vocab_positions
         self.tolerance, self.long_tolerance = TOLERANCE[device], LONG_TOLERANCE[device]
         self.ids = reference.tokenizer.encode(TEXT)
         self.rows = reference.log_softmax(self.ids)
@@ -235,7 +241,7 @@ class Checks:
                f"largest difference {worst:.1e}"
 
     def full_vocabulary(self) -> str:
-        prompt = [int(t) for t in np.random.default_rng(0).integers(100, 40000, FULL_VOCAB_POSITIONS)]
+        prompt = [int(t) for t in np.random.default_rng(0).integers(100, 40000, self.full_vocab_positions)]
         started = time.perf_counter()
         body = {"model": SMOLLM2, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": -1}
         before = cpu_seconds()
@@ -383,7 +389,8 @@ def load(table: Table, url: str, requests: int, stop_first: bool, peer: bool) ->
         statuses = {*run["statuses"], *theirs.get(key, {}).get("statuses", {})}
         against = f"; vLLM's server {rate(theirs[key])}; {run['req/s'] / theirs[key]['req/s']:.2f}x" \
             if peer else ""
-        table.add(f"load: {key[0]}, {key[1]} clients", statuses == {200}, f"probserve {rate(run)}{against}")
+        table.add(f"load: {key[0]}, {key[1]} clients", statuses == {200}, f"probserve {rate(run)}{against}",
+                  run["seconds"])
     return ours
 
 
@@ -405,7 +412,7 @@ def batch_invariant(table: Table, reference: Reference, metrics_url: str, reques
         run = closed_run(url, INVARIANT, "distinct", 16, requests)
         cost = f"; {run['req/s'] / default_mode['req/s']:.2f}x the default mode's" if default_mode else ""
         table.add("batch-invariant mode: load: distinct, 16 clients", set(run["statuses"]) == {200},
-                  f"probserve {rate(run)}{cost}")
+                  f"probserve {rate(run)}{cost}", run["seconds"])
     local_ray.stop()
 
 
@@ -419,6 +426,8 @@ def main() -> None:
     parser.add_argument("--url", help="check this running service (serving SmolLM2) instead of starting one")
     parser.add_argument("--metrics-url", default=f"http://127.0.0.1:{local_ray.METRICS_PORT}/metrics")
     parser.add_argument("--load-requests", type=int, default=200, help="per load run (0: none)")
+    parser.add_argument("--full-vocab-positions", type=int, default=1024,
+                        help="of the full-vocabulary check's prompt")
     parser.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True,
                         help="the load run against vLLM's own server too (it takes a minute to start "
                              "on a CPU)")
@@ -436,11 +445,12 @@ def main() -> None:
     table = Table(device_name(device) + (f", {layout[0]} x {layout[1]} workers" if gpus > 1 else ""))
     table.check("environment", lambda: environment(device))
     url = options.url or local_ray.start(smoke_args(device, layout), port=PORT, log_to_driver=False)
-    checks = Checks(url, options.metrics_url, Reference(embedded_model_path(SMOLLM2)), device)
+    checks = Checks(url, options.metrics_url, Reference(embedded_model_path(SMOLLM2)), device,
+                    options.full_vocab_positions)
     table.check("echo with top-5", checks.echo_top_5)
     table.check("labels", checks.labels)
     table.check("a span after a priming request", checks.span_reads_the_cache)
-    table.check(f"full vocabulary, {FULL_VOCAB_POSITIONS} positions", checks.full_vocabulary)
+    table.check(f"full vocabulary, {options.full_vocab_positions} positions", checks.full_vocabulary)
     table.check("32 scoring requests with 2 full-vocabulary ones", lambda: checks.concurrent(device))
     if device == "cpu":  # on a GPU, in vLLM's batch-invariant mode only (below)
         table.check("the same bits alone and among 32 others", lambda: checks.same_bits(SMOLLM2))

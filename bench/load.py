@@ -117,6 +117,7 @@ class Run:
         p50, p99 = median_and_p99(self.latencies)
         return {
             "requests": len(self.latencies),
+            "seconds": self.seconds,
             # Answered requests: a refusal is quick, and counted it would pass for throughput.
             "req/s": self.statuses[200] / self.seconds,
             "tokens/s": self.tokens / self.seconds,

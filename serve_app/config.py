@@ -193,16 +193,22 @@ class ModelConfig(Strict):
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="on a GPU, the share "
                                           "of its memory vLLM takes")
     max_ongoing_requests: int = Field(
-        128, ge=1, description="requests one replica hands its engine at once: under load each "
-        "engine step grows up to this many (vLLM's server: up to its max_num_seqs, 128 on a "
-        "CPU, 256 to 1,024 on a GPU), within the KV cache; beyond it requests wait in the "
-        "ingress's router. Its cost is time: a request let in may wait behind this many")
+        128, ge=1, description="requests one replica holds at once, in its engine or waiting "
+        "for it; how many are in the engine adapts up to this many (vLLM's server batches up to "
+        "its max_num_seqs, 128 on a CPU, 256 to 1,024 on a GPU), within the KV cache; beyond "
+        "it requests wait in the ingress's router")
     max_queued_requests: int = Field(128, ge=0, description="requests waiting for a replica "
                                      "beyond those, per ingress replica; more get 503 `overloaded`")
     max_queue_wait_s: float = Field(
         30, gt=0, description="how long one of them may have waited when a replica takes it; "
         "beyond, 503 `overloaded` at once and its place goes to the next, so a burst is "
         "answered or refused within a bound (a model scaled to zero waits for its replica)")
+    max_answer_s: float | None = Field(
+        30, gt=0, description="an online request the replica expects not to answer within this "
+        "many seconds (the work ahead of it at the rate its engine is measured at, and its own) "
+        "is refused at once, 503 `overloaded` with a Retry-After of when it would be; one the "
+        "engine takes longer for alone may wait half of it; none: no bound "
+        "(serve_app.engine.time_admission)")
     router_max_backoff_s: float = Field(
         0.1, gt=0, description="a request that found every replica full is woken when a "
         "request of its ingress replica ends; this is the longest it waits before it asks the "

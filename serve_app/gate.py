@@ -18,6 +18,11 @@ class Gate:
         self.places = anyio.CapacityLimiter(bound)
         self.on_waiting = on_waiting
 
+    def resize(self, bound: int) -> None:
+        """A new bound: places beyond it go to waiters at once; below the places held, the
+        next holders' releases are not handed on until they are within it."""
+        self.bound = self.places.total_tokens = bound
+
     @property
     def waiting(self) -> int:
         return self.places.statistics().tasks_waiting

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import time
 import uuid
+from contextlib import asynccontextmanager
 
 from ray import serve
 
@@ -19,6 +20,7 @@ from serve_app.engine.background import BackgroundShare
 from serve_app.engine.engine_adapters import EngineAdapters
 from serve_app.engine.scored_cache import ScoredPrefixCache
 from serve_app.engine.shared_prefix import InFlightPrefixes
+from serve_app.engine.time_admission import GradientLimit, ServiceRate, TimeAdmission, Work
 from serve_app.engine.vllm_adapter import (
     engine_config,
     engine_result,
@@ -40,6 +42,9 @@ from serve_app.engine.wire import (
 from serve_app.observe.metrics import ReplicaMetrics
 
 logger = logging.getLogger("probserve.replica")
+# The long prompt that times the engine's seconds a token at start (serve_app.engine.time_admission).
+RATE_PROBE_TOKENS = 256
+
 
 def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     """What the first requests would pay otherwise: vLLM's logprobs op compiled (a top-k), and
@@ -49,6 +54,14 @@ def warm_up(rows: int) -> tuple[EngineRequest, EngineRequest]:
     greedy = {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0, "logprobs": 1, **REPLICA_ITSELF}
     return (EngineRequest(prompt_token_ids=[1, 2, 3], prompt_logprobs=1, **greedy),
             EngineRequest(prompt_token_ids=list(range(1, rows + 2)), prompt_logprobs=-1, **greedy))
+
+
+def rate_probes(tokens: int) -> tuple[EngineRequest, EngineRequest]:
+    """A short request and one of `tokens` prompt tokens more, neither found in the prefix
+    cache (the warm-up's prompts count up; these count down)."""
+    greedy = {"max_tokens": 1, "temperature": 0.0, "top_p": 1.0, **REPLICA_ITSELF}
+    return (EngineRequest(prompt_token_ids=[3, 2, 1], **greedy),
+            EngineRequest(prompt_token_ids=list(range(tokens + 3, 0, -1)), **greedy))
 
 
 def check_queue_time(sent_at: float, ready_at: float, now: float, bound_s: float) -> None:
@@ -61,6 +74,16 @@ def check_queue_time(sent_at: float, ready_at: float, now: float, bound_s: float
     if sent_at >= ready_at and waited > bound_s:
         raise QueueTimeout(f"waited {waited:.1f} s for a place on the model's replicas, more than "
                            f"max_queue_wait_s ({bound_s:g} s): retry later")
+
+
+def work_of(request: EngineRequest) -> Work:
+    return Work(len(request.prompt_token_ids), request.max_tokens * request.n)
+
+
+def admission(model: ModelConfig, rate: ServiceRate) -> TimeAdmission:
+    """Requests in the engine start at 16 and adapt between 4 and max_ongoing_requests."""
+    most = model.max_ongoing_requests
+    return TimeAdmission(model.max_answer_s, rate, GradientLimit(min(16, most), min(4, most), most))
 
 
 @serve.deployment
@@ -95,9 +118,32 @@ class ModelReplica:
         await self.generate(top_k)
         async for _ in self.generate_full_vocab(full_vocab):
             pass
+        self.admission = admission(model, await self.first_rate(min(RATE_PROBE_TOKENS, longest)))
         # Refuse to serve rather than answer wrongly if the patches do not fit this engine.
         await self_check(self.generate)
         self.ready_at = time.time()
+
+    async def first_rate(self, tokens: int) -> ServiceRate:
+        """The admission's first guess of the engine's seconds a request and a token: a short
+        request and a long prompt timed, once the engine is warm."""
+        timings = []
+        for probe in rate_probes(tokens):
+            started = time.monotonic()
+            await self.generate(probe)
+            timings.append(time.monotonic() - started)
+        short_s, long_s = timings
+        return ServiceRate(short_s, max(long_s - short_s, 0.0) / tokens)
+
+    @asynccontextmanager
+    async def admitted(self, request: EngineRequest):
+        """An online request's place in the engine, or Late (serve_app.engine.time_admission);
+        the replica's own requests (sent_at None) go in at once, and background ones are
+        counted once in the engine (`outputs`)."""
+        if request.sent_at is None or request.background():
+            yield
+        else:
+            async with self.admission.online(work_of(request)):
+                yield
 
     def check_queue_time(self, request: EngineRequest) -> None:
         if request.sent_at is not None:  # None: the replica's own warm-up and checks
@@ -112,7 +158,7 @@ class ModelReplica:
         final, generated = None, 0
         adapter = await self.adapters.request(request.adapter)
         try:
-            async with self.background.turn(request):
+            async with self.background.turn(request), self.background_counted(request):
                 async for output in self.engine.generate(prompt, sampling_params(request, stream),
                                                          f"{self.model.name}-{uuid.uuid4().hex}",
                                                          lora_request=adapter, priority=request.priority):
@@ -124,6 +170,15 @@ class ModelReplica:
                                     "a new replica is being started") from None
         adapter = request.adapter.name if request.adapter else ""
         self.metrics.served(engine_stats(final, generated), adapter)
+
+    @asynccontextmanager
+    async def background_counted(self, request: EngineRequest):
+        """A background request's time in the engine, which online requests' admission counts."""
+        if request.background():
+            async with self.admission.background(work_of(request)):
+                yield
+        else:
+            yield
 
     def cache_namespace(self, request: EngineRequest) -> str:
         return request.cache_namespace(self.model.shared_prefix_caches)
@@ -139,6 +194,10 @@ class ModelReplica:
 
     async def generate(self, request: EngineRequest) -> EngineResult:
         self.check_queue_time(request)
+        async with self.admitted(request):
+            return await self.generated(request)
+
+    async def generated(self, request: EngineRequest) -> EngineResult:
         tokens, namespace = request.prompt_token_ids, self.cache_namespace(request)
         async with self.prefixes.turn(tokens, self.readable_tokens(request), request.scores(), namespace,
                                       request.background()):
@@ -185,17 +244,19 @@ class ModelReplica:
         store owned by the caller, which hands the chunks to the serializer pool unread
         (rows nested in an item could be freed early: ray-project/ray#58082)."""
         self.check_queue_time(request)
-        for window in prompt_windows(request, self.window, self.block):
-            result = await self.final_result(window)
-            yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
-            for chunk in result.full_vocab.chunks:
-                yield chunk
+        async with self.admitted(request):
+            for window in prompt_windows(request, self.window, self.block):
+                result = await self.final_result(window)
+                yield dataclasses.replace(result, full_vocab=result.full_vocab.with_chunks([]))
+                for chunk in result.full_vocab.chunks:
+                    yield chunk
 
     async def generate_stream(self, request: EngineRequest):
         """Yields what each engine step adds, as EngineResults of the new tokens only."""
         self.check_queue_time(request)
-        async with self.prefixes.turn(request.prompt_token_ids, request.cache_readable_tokens(), False,
-                                      self.cache_namespace(request)):
+        namespace = self.cache_namespace(request)
+        async with self.admitted(request), self.prefixes.turn(
+                request.prompt_token_ids, request.cache_readable_tokens(), False, namespace):
             async for output in self.outputs(request, stream=True):
                 yield engine_result(output, request.sent_at)
 

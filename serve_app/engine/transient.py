@@ -1,15 +1,16 @@
 """The failures of a call to a model replica that pass: its queue full or waited in too long,
-its engine or its replica being replaced. The ingress answers them with a 503 that names a
-wait; dataset scoring sends the request again after one."""
+too much work ahead of the call to answer it within the model's bound, its engine or its
+replica being replaced. The ingress answers them with a 503 that names a wait; dataset scoring
+sends the request again after one."""
 
 import contextlib
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 
-from serve_app.engine.wire import EngineUnavailable, QueueTimeout
+from serve_app.engine.wire import EngineUnavailable, Late, QueueTimeout
 
-TRANSIENT = (BackPressureError, QueueTimeout, EngineUnavailable, RayActorError)
+TRANSIENT = (BackPressureError, QueueTimeout, Late, EngineUnavailable, RayActorError)
 
 
 def cancel_call(call) -> None:

@@ -39,6 +39,21 @@ class AdapterUnavailable(Exception):
     folder missing on the replica's node, or unreadable): 400 `adapter_not_found`."""
 
 
+class Late(Exception):
+    """Raised by a model replica for a request it would not answer within its model's
+    `max_answer_s` (serve_app.engine.time_admission): 503 `overloaded`, with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: float):
+        super().__init__(message, retry_after_s)  # both in args: Ray pickles it by them
+
+    @property
+    def retry_after_s(self) -> float:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 class QueueTimeout(Exception):
     """Raised by a model replica for a request that waited for a place longer than its model's
     `max_queue_wait_s`: the request gets 503 `overloaded`."""

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import enum
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable
 
@@ -24,6 +25,7 @@ from serve_app.engine.wire import (
     EngineRequest,
     EngineResult,
     EngineUnavailable,
+    Late,
     QueueTimeout,
     routed,
 )
@@ -212,6 +214,8 @@ class ReplicaClient:
         message = str(getattr(error, "cause", error))
         if isinstance(error, QueueTimeout):
             return overloaded(message, self.retry_after_s)
+        if isinstance(error, Late):
+            return overloaded(message, math.ceil(max(getattr(error, "cause", error).retry_after_s, 1)))
         if isinstance(error, EngineUnavailable):
             return not_ready(message, self.retry_after_s)
         if isinstance(error, AdapterUnavailable):

@@ -112,6 +112,15 @@ class InspectedReplica(TenantsInEngine):
         """Whether online requests have paused long enough for background prompts to go whole."""
         return self.background.quiet()
 
+    def bound_answers(self, seconds: float | None) -> float | None:
+        """Sets the replica's `max_answer_s` until set again; returns the one it had."""
+        previous, self.admission.bound_s = self.admission.bound_s, seconds
+        return previous
+
+    def engine_seconds(self, tokens: int) -> float:
+        """What the admission expects the engine to spend on a request of `tokens`."""
+        return self.admission.rate.seconds(1, tokens)
+
     def engine_core_pids(self) -> list[int]:
         """The engine's EngineCore processes, as vLLM's own launcher holds them (a process's
         title is no sure sign: one fresh-clone run found none titled EngineCore)."""

@@ -9,7 +9,9 @@ Each service is a `probserve serve` of its own, on a Ray cluster of its own, bes
 session's, with the viewer switched off (`ingress.ui: false`): /ui answers 404 naming the
 setting while the API serves."""
 
+import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -26,6 +28,7 @@ from serve_app.ops.processes import HAPROXY_PORTS, alive
 from serve_app.ops.supervisor import STOP_S
 from serve_app.store.model_store import TINY
 from tests.e2e.conftest import TINY_KV_GIB, free_port
+from tests.e2e.waiting import read_until
 
 pytestmark = pytest.mark.e2e
 
@@ -72,18 +75,33 @@ class Service:
     def output(self) -> list[str]:
         return self.log.read_text().splitlines()
 
+    def what_went_wrong(self) -> str:
+        """The lines that name an error (a traceback's last line), then the last ones."""
+        lines = self.output()
+        errors = [line for line in lines if re.match(r"\S*(Error|Exception)\b", line.strip())]
+        return "\n".join(["errors:", *errors[-10:], "last lines:", *lines[-20:]])
+
     def serving(self) -> "Service":
         """Once it says it serves: every process of its tree, HAProxy among them."""
         deadline = time.monotonic() + START_S
         while not any(line.startswith("probserve is serving at") for line in self.output()):
-            assert time.monotonic() < deadline and self.process.poll() is None, self.output()[-20:]
+            assert time.monotonic() < deadline and self.process.poll() is None, self.what_went_wrong()
             time.sleep(0.5)
         self.tree = psutil.Process(self.process.pid).children(recursive=True)
         assert any(p.name() == "haproxy" for p in self.tree), [p.name() for p in self.tree]
         return self
 
-    def haproxy(self) -> psutil.Process:
-        (haproxy,) = [p for p in self.tree if p.name() == "haproxy" and p.is_running()]
+    def kill_all_but_haproxy(self) -> psutil.Process:
+        """Kills every process of the service but its HAProxy, as a stop cut short leaves it;
+        returns that HAProxy. Serve reloads HAProxy as replicas come up: a predecessor still
+        draining ends by itself, so the HAProxy left is the one that outlives it."""
+        self.tree = psutil.Process(self.process.pid).children(recursive=True)
+        for process in [psutil.Process(self.process.pid), *self.tree]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if process.name() != "haproxy":
+                    process.kill()
+        (haproxy,) = read_until(lambda: [p for p in self.tree if p.name() == "haproxy" and alive(p)],
+                                lambda left: len(left) == 1, 30, "one HAProxy left")
         return haproxy
 
     def signal_alone(self, signal_number: int) -> None:
@@ -153,11 +171,8 @@ def test_every_way_of_stopping_ends_every_process_the_service_started(launch):
     alone, cut_short = launch(), launch()
     alone.serving(), cut_short.serving()
     assert_the_viewer_is_off(alone)
-    haproxy = cut_short.haproxy()
     alone.signal_alone(signal.SIGTERM)
-    for process in [psutil.Process(cut_short.process.pid), *cut_short.tree]:
-        if process.pid != haproxy.pid:
-            process.kill()
+    haproxy = cut_short.kill_all_but_haproxy()
     alone.assert_nothing_left("SIGTERM to the command alone")
     assert alive(haproxy) and not port_is_free(cut_short.port)  # what the next start must clear
     restarted, group = launch(), launch()

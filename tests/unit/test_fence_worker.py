@@ -164,3 +164,19 @@ def test_a_token_of_no_adapter_takes_no_adapters_weights_in_prefill_and_decode()
                     3, 1, 3, add_inputs=True)
         assert torch.equal(out[0], base[0])  # bit for bit the base model's
         assert not torch.equal(out[1], base[1]) and not torch.equal(out[2], base[2])
+
+
+def test_one_row_through_onednn_has_the_bits_of_the_same_row_in_a_batch():
+    """SmolLM2's down-projection (1,536 long): on an AVX-512 CPU oneDNN's one-row kernel sums
+    otherwise than its batch kernel."""
+    register()
+    from vllm import _custom_ops as ops
+
+    torch.manual_seed(0)
+    handler = ops.create_onednn_mm(torch.randn(576, 1536).t(), 32)
+    rows = torch.randn(40, 1536)
+    batch = ops.onednn_mm(handler, rows, None)
+    for count in (1, 2, 17, 40):
+        assert torch.equal(ops.onednn_mm(handler, rows[:count].contiguous(), None), batch[:count]), count
+    alone = ops.onednn_mm(handler, rows[0], None)  # a row without its batch dimension
+    assert alone.shape == (576,) and torch.equal(alone, batch[0])

@@ -7,7 +7,7 @@ Each module runs in one process:
   items 1 to 9, and each private method, attribute and value it uses), the version check,
   and the plumbing that patches a touch point by its qualified name.
 - worker: in vLLM's worker processes, every rank's, the model runner's and its sampler's
-  (items 1, 2, 4, 10).
+  (items 1, 2, 4, 10, 11, 13, 14).
 - scheduler: in vLLM's engine core process, the scheduler's (item 3).
 - front_end: in vLLM's front end, AsyncLLM in the replica's process (items 2, 5, 7).
 - replica_start: in the replica's process, around its engine's start (item 8, self-checks).
@@ -22,6 +22,7 @@ from serve_app.engine.vllm_fence.worker import (
     keep_top_k_beside_labels,
     make_stage_inputs_when_first_needed,
     no_adapter_for_tokens_of_none,
+    one_row_matmuls_as_two,
     seeded_cpu_samples_skip_discarded_steps,
 )
 
@@ -35,4 +36,5 @@ def register() -> None:
     make_stage_inputs_when_first_needed()
     no_adapter_for_tokens_of_none()
     seeded_cpu_samples_skip_discarded_steps()
+    one_row_matmuls_as_two()
     one_gloo_device_per_process()

@@ -125,6 +125,13 @@ vLLM's again, on the CPU:
    prompt was chunked, as under load any prompt may be. On the CPU such a request's generator
    sits out the step (its discarded sample drawn from the default one), so its seeded stream
    is as if the sample never was, as vLLM's rewind makes it on CUDA.
+14. One row through oneDNN: vLLM's CPU linear layers multiply by oneDNN (`onednn_mm`), which
+   computes a single row with another kernel than a batch's rows; with a long reduction
+   (SmolLM2's MLP down-projection, 1,536 long, on an AVX-512 CPU) its sums differ in the last
+   bits, so a request's generated tokens alone in a decode step (one row) differed from the
+   same tokens in a step with others. A one-row input is computed as two rows, the row twice,
+   and the first kept: every row then takes the batch's kernel (checked against the installed
+   oneDNN by tests/unit/test_fence_worker.py).
 """
 
 import importlib
@@ -273,6 +280,8 @@ TOUCH_POINTS = (
                "overridden: the decode's shrink through item 11's (it calls its own import of bgmv_shrink)"),
     TouchPoint("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.sample_tokens", ("self", "grammar_output"),
                "wrapped: a discarded sample's CPU generator sits out the step (item 13)"),
+    TouchPoint("vllm._custom_ops", "onednn_mm", ("dnnl_handler", "x", "bias"),
+               "wrapped: a one-row input computed as two rows, the first kept (item 14)"),
     TouchPoint("vllm.config.vllm", "VllmConfig.use_v2_model_runner", ("self",),
                "read, not patched: must say False, the V1 runner the patches are on (item 8)"),
 )

@@ -200,3 +200,18 @@ def seeded_cpu_samples_skip_discarded_steps() -> None:
             generators.update(aside)
 
     patched("GPUModelRunner.sample_tokens", sample_tokens_setting_cpu_seeds_aside)
+
+
+def one_row_matmuls_as_two() -> None:
+    """A oneDNN matmul of one row computed as two (the row twice), the first kept: oneDNN takes
+    another kernel for one row, whose sums differ in the last bits from the same row's in a
+    batch (item 14)."""
+    onednn_mm = original("onednn_mm")
+
+    def onednn_mm_of_two_rows_at_least(dnnl_handler, x, bias):
+        if x.numel() != dnnl_handler.k:
+            return onednn_mm(dnnl_handler, x, bias)
+        twice = x.reshape(1, dnnl_handler.k).expand(2, -1).contiguous()
+        return onednn_mm(dnnl_handler, twice, bias)[:1].reshape(*x.shape[:-1], dnnl_handler.n)
+
+    patched("onednn_mm", onednn_mm_of_two_rows_at_least)
