@@ -42,13 +42,21 @@ def test_shown_output_is_compared_to_the_digits_shown(shown, printed, problem):
     assert found == problem or (problem and found.startswith(problem))
 
 
+def failure_output(done: subprocess.CompletedProcess) -> str:
+    """What a failed example said: its last traceback on (else the end of its errors), and the
+    end of what it printed."""
+    start = done.stderr.rfind("Traceback (most recent call last)")
+    told = done.stderr[start:start + 3000] if start >= 0 else done.stderr[-2000:]
+    return f"{told}\nprinted: {done.stdout[-1000:]}"
+
+
 @pytest.mark.parametrize("kind, code, shown", EXAMPLES,
                          ids=[f"{kind}-{i}" for i, (kind, _, _) in enumerate(EXAMPLES)])
 def test_example_prints_what_the_document_shows(base_url, tmp_path, kind, code, shown):
     code = code.replace(DOC_URL, base_url)
     command = ["bash", "-eo", "pipefail", "-c", code] if kind == "sh" else [sys.executable, "-c", code]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, failure_output(done)
     printed = RAY_DRIVER_LINE.sub("", done.stdout)
     problem = mismatch(shown, printed)
     assert problem is None, f"{problem}\nshown:\n{shown}\nprinted:\n{printed[:3000]}"
